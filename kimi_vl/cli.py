@@ -1,0 +1,44 @@
+"""The `kimi-vl` command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from .errors import KimiVLError
+
+
+def _convert(args: argparse.Namespace) -> None:
+    from .convert import convert_kimi_linear
+
+    overrides = {"residual": args.residual} if args.residual else {}
+    out = convert_kimi_linear(args.src, args.dst, **overrides)
+    print(f"wrote {out}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kimi-vl", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    convert = sub.add_parser("convert", help="import released Hugging Face checkpoints")
+    kinds = convert.add_subparsers(dest="kind", required=True)
+    kl = kinds.add_parser("kimi-linear", help="a transformers kimi_linear checkpoint -> kimi_vl_text")
+    kl.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
+    kl.add_argument("dst", help="destination directory")
+    kl.add_argument("--residual", choices=["standard", "attnres", "block_attnres"], default=None,
+                    help="residual stream of the converted model (default: standard, exact parity)")
+    kl.set_defaults(func=_convert)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        args.func(args)
+    except KimiVLError as e:
+        print(f"kimi-vl: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`KimiHybridCache`: the inference state of the hybrid backbone, as a `transformers.Cache`.
+
+Per KDA layer: the fp32 recurrent state `[B, H, Dk, Dv]` and the conv tail `[B, 3*H*Dk, kernel-1]` (constant
+size, whatever the context length). Per MLA layer: the compressed latent `[B, L, kv_lora_rank + qk_rope_head_dim]`
+(normalised latent + shared key slice), stored in a buffer that grows by doubling so decoding does not copy the
+whole context every step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from transformers.cache_utils import Cache
+
+from ..errors import KimiVLError
+from .configuration import KimiTextConfig
+
+
+class KimiHybridCache(Cache):
+    """Cache of `KimiTextModel`; `generate()` creates one automatically.
+
+    The model calls `update_kda` / `update_latent` per layer and `advance(n)` once per forward.
+    """
+
+    is_compileable = False
+
+    def __init__(self, config: KimiTextConfig) -> None:
+        super().__init__(layers=[])
+        self.config = config
+        self.layer_types = list(config.layer_types)
+        n = config.num_hidden_layers
+        self.recurrent_states: list[torch.Tensor | None] = [None] * n
+        self.conv_tails: list[torch.Tensor | None] = [None] * n
+        self._latents: list[torch.Tensor | None] = [None] * n
+        self._seen_tokens = 0
+
+    # --- what the layers use -------------------------------------------------------------------------------------
+    def update_kda(self, layer_idx: int, state: torch.Tensor, tail: torch.Tensor) -> None:
+        self.recurrent_states[layer_idx] = state
+        self.conv_tails[layer_idx] = tail
+
+    def update_latent(self, layer_idx: int, latent: torch.Tensor) -> torch.Tensor:
+        """Append `latent` `[B, T, r + dr]` and return the whole cached latent `[B, L, r + dr]` (a view)."""
+        buf = self._latents[layer_idx]
+        start = self._seen_tokens
+        end = start + latent.shape[1]
+        if buf is None or buf.shape[1] < end:
+            cap = max(end, 2 * (buf.shape[1] if buf is not None else 0), 64)
+            new = latent.new_empty(latent.shape[0], cap, latent.shape[2])
+            if buf is not None:
+                new[:, :start] = buf[:, :start]
+            buf = self._latents[layer_idx] = new
+        buf[:, start:end] = latent
+        return buf[:, :end]
+
+    def advance(self, num_tokens: int) -> None:
+        self._seen_tokens += num_tokens
+
+    # --- transformers.Cache interface ----------------------------------------------------------------------------
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self._seen_tokens
+
+    def get_max_length(self, layer_idx: int | None = None) -> int:
+        return -1
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int = 0) -> tuple[int, int]:
+        return self._seen_tokens + query_length, 0
+
+    @property
+    def is_croppable(self) -> bool:
+        return False
+
+    @property
+    def batch_size(self) -> int:
+        for t in self._tensors():
+            return t.shape[0]
+        return -1
+
+    def _tensors(self):
+        for group in (self.recurrent_states, self.conv_tails, self._latents):
+            yield from (t for t in group if t is not None)
+
+    def _map_batch(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        for group in (self.recurrent_states, self.conv_tails, self._latents):
+            for i, t in enumerate(group):
+                if t is not None:
+                    group[i] = fn(t)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map_batch(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map_batch(lambda t: t[indices.to(t.device)])
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map_batch(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def reset(self) -> None:
+        n = len(self.layer_types)
+        self.recurrent_states, self.conv_tails, self._latents = [None] * n, [None] * n, [None] * n
+        self._seen_tokens = 0
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove:
+            raise KimiVLError(
+                "KimiHybridCache cannot be cropped: KDA layers keep a recurrent state, not per-token entries."
+            )
+
+    def __len__(self) -> int:
+        return len(self.layer_types)
+
+    def __repr__(self) -> str:
+        return f"KimiHybridCache(layers={self.layer_types}, seen_tokens={self._seen_tokens})"
+
+    def nbytes(self) -> int:
+        """Bytes actually held for the cached tokens (latent buffers counted up to the seen length)."""
+        total = sum(t.numel() * t.element_size() for t in self.recurrent_states + self.conv_tails if t is not None)
+        for buf in self._latents:
+            if buf is not None:
+                total += buf.shape[0] * self._seen_tokens * buf.shape[2] * buf.element_size()
+        return total

@@ -1,0 +1,190 @@
+"""`KimiTextConfig`: the Kimi-Linear language backbone (KDA + NoPE MLA hybrid with MoE feed-forward)."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from ..errors import ConfigError
+
+LAYER_TYPES = ("kda", "mla")
+RESIDUALS = ("standard", "attnres", "block_attnres")
+
+
+def default_layer_types(num_hidden_layers: int, mla_every: int = 4) -> list[str]:
+    """The 3:1 hybrid: every `mla_every`-th layer (1-based) is MLA, the others KDA."""
+    return ["mla" if (i + 1) % mla_every == 0 else "kda" for i in range(num_hidden_layers)]
+
+
+class KimiTextConfig(PretrainedConfig):
+    r"""Configuration of `KimiTextModel` / `KimiTextForCausalLM` (model_type `kimi_vl_text`).
+
+    Sizes and names follow the released Kimi-Linear `config.json` where they exist.
+
+    Args:
+        vocab_size: number of tokens.
+        hidden_size: width of the residual stream.
+        intermediate_size: width of the dense SwiGLU feed-forward (the first `first_k_dense` layers).
+        num_hidden_layers: number of decoder layers (each = one mixer sublayer + one FFN sublayer).
+        layer_types: per layer, `"kda"` (Kimi Delta Attention) or `"mla"` (NoPE multi-head latent attention).
+            Default: the 3:1 hybrid, every 4th layer MLA.
+        num_attention_heads: MLA heads.
+        q_lora_rank: low-rank query compression of MLA (`None`: a full `q_proj`, as in Kimi-Linear).
+        kv_lora_rank: MLA latent width (what the cache stores, with `qk_rope_head_dim`).
+        qk_nope_head_dim: per-head key/query width expanded from the latent.
+        qk_rope_head_dim: width of the key slice shared by all heads (no rotary embedding: NoPE).
+        v_head_dim: per-head value width.
+        mla_kv_norm_eps: eps of the latent RMSNorm (1e-6 in the released code, independent of `rms_norm_eps`).
+        kda_num_heads, kda_head_dim: KDA heads and their key/value width.
+        short_conv_kernel_size: kernel of the depthwise causal conv on q/k/v of KDA layers.
+        num_experts: routed experts per MoE layer.
+        num_experts_per_tok: experts chosen per token (top-k).
+        num_shared_experts: always-on experts (one SwiGLU of width `moe_intermediate_size * num_shared_experts`).
+        moe_intermediate_size: width of each expert.
+        routed_scaling_factor: multiplier of the (renormalised) routed weights.
+        norm_topk_prob: renormalise the top-k weights to sum to one.
+        n_group, topk_group: DeepSeek-V3 group-limited routing (1/1 = off, as in Kimi-Linear).
+        router_biased_weights: take the expert weights from the *biased* scores `sigmoid + e_score_correction_bias`
+            (the released remote code, by accident of an aliased view) instead of the unbiased sigmoid scores
+            (DeepSeek-V3, vLLM, transformers' `kimi_linear`). Default `False`: the transformers behaviour.
+        first_k_dense: number of leading layers with a dense SwiGLU instead of MoE.
+        rms_norm_eps: eps of every other RMSNorm.
+        residual: `"standard"` PreNorm residual, `"attnres"` (full Attention Residuals) or `"block_attnres"`.
+        attnres_block_size: sublayers per AttnRes block (attention and FFN count separately).
+        initializer_range: std of the normal init of linear and embedding weights.
+        tie_word_embeddings: share the input embedding with the LM head.
+    """
+
+    model_type = "kimi_vl_text"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vocab_size: int = 163840,
+        hidden_size: int = 2304,
+        intermediate_size: int = 9216,
+        num_hidden_layers: int = 27,
+        layer_types: list[str] | None = None,
+        num_attention_heads: int = 32,
+        q_lora_rank: int | None = None,
+        kv_lora_rank: int = 512,
+        qk_nope_head_dim: int = 128,
+        qk_rope_head_dim: int = 64,
+        v_head_dim: int = 128,
+        mla_kv_norm_eps: float = 1e-6,
+        kda_num_heads: int = 32,
+        kda_head_dim: int = 128,
+        short_conv_kernel_size: int = 4,
+        num_experts: int = 256,
+        num_experts_per_tok: int = 8,
+        num_shared_experts: int = 1,
+        moe_intermediate_size: int = 1024,
+        routed_scaling_factor: float = 2.446,
+        norm_topk_prob: bool = True,
+        n_group: int = 1,
+        topk_group: int = 1,
+        router_biased_weights: bool = False,
+        first_k_dense: int = 1,
+        hidden_act: str = "silu",
+        rms_norm_eps: float = 1e-5,
+        residual: str = "standard",
+        attnres_block_size: int = 8,
+        initializer_range: float = 0.02,
+        use_cache: bool = True,
+        tie_word_embeddings: bool = False,
+        pad_token_id: int | None = 163839,
+        bos_token_id: int | None = 163584,
+        eos_token_id: int | list[int] | None = 163586,
+        **kwargs,
+    ):
+        self.vocab_size = vocab_size
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.num_hidden_layers = num_hidden_layers
+        self.num_attention_heads = num_attention_heads
+        self.q_lora_rank = q_lora_rank
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_nope_head_dim = qk_nope_head_dim
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.v_head_dim = v_head_dim
+        self.mla_kv_norm_eps = mla_kv_norm_eps
+        self.kda_num_heads = kda_num_heads
+        self.kda_head_dim = kda_head_dim
+        self.short_conv_kernel_size = short_conv_kernel_size
+        self.num_experts = num_experts
+        self.num_experts_per_tok = num_experts_per_tok
+        self.num_shared_experts = num_shared_experts
+        self.moe_intermediate_size = moe_intermediate_size
+        self.routed_scaling_factor = routed_scaling_factor
+        self.norm_topk_prob = norm_topk_prob
+        self.n_group = n_group
+        self.topk_group = topk_group
+        self.router_biased_weights = router_biased_weights
+        self.first_k_dense = first_k_dense
+        self.hidden_act = hidden_act
+        self.rms_norm_eps = rms_norm_eps
+        self.residual = residual
+        self.attnres_block_size = attnres_block_size
+        self.initializer_range = initializer_range
+        self.use_cache = use_cache
+        super().__init__(
+            pad_token_id=pad_token_id,
+            bos_token_id=bos_token_id,
+            eos_token_id=eos_token_id,
+            tie_word_embeddings=tie_word_embeddings,
+            **kwargs,
+        )
+        # Set after the base __init__, whose validators only know transformers' own layer-type vocabulary.
+        self.layer_types = list(layer_types) if layer_types is not None else default_layer_types(num_hidden_layers)
+        self.check_architecture()
+
+    def validate(self) -> None:
+        """transformers' config validators, except its `layer_types` vocabulary (ours is "kda"/"mla"), plus
+        `check_architecture`."""
+        for validator in getattr(type(self), "__class_validators__", []):
+            if validator.__name__ != "validate_layer_type":
+                validator(self)
+        self.check_architecture()
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @property
+    def num_sublayers(self) -> int:
+        """Attention and FFN count separately (the unit of AttnRes blocks)."""
+        return 2 * self.num_hidden_layers
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        return layer_idx >= self.first_k_dense and self.num_experts > 0
+
+    def check_architecture(self) -> None:
+        """Raise `ConfigError` with a fix-it message for any inconsistent field."""
+        if len(self.layer_types) != self.num_hidden_layers:
+            raise ConfigError(
+                f"layer_types has {len(self.layer_types)} entries but num_hidden_layers={self.num_hidden_layers}; "
+                "give one 'kda' or 'mla' per layer (or leave layer_types unset for the 3:1 hybrid)."
+            )
+        bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
+        if bad:
+            raise ConfigError(f"layer_types contains {bad}; each entry must be one of {LAYER_TYPES}.")
+        if self.num_experts > 0 and not 1 <= self.num_experts_per_tok <= self.num_experts:
+            raise ConfigError(
+                f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 and num_experts={self.num_experts}."
+            )
+        if self.num_experts > 0 and (self.num_experts % self.n_group or not 1 <= self.topk_group <= self.n_group):
+            raise ConfigError(
+                f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
+                f"1 <= topk_group={self.topk_group} <= n_group."
+            )
+        if self.residual not in RESIDUALS:
+            raise ConfigError(f"residual={self.residual!r}; choose one of {RESIDUALS}.")
+        if self.attnres_block_size < 1:
+            raise ConfigError(f"attnres_block_size={self.attnres_block_size} must be >= 1 (counted in sublayers).")
+        if self.hidden_act != "silu":
+            raise ConfigError(f"hidden_act={self.hidden_act!r}: only 'silu' (SwiGLU) is supported.")
+        if self.short_conv_kernel_size < 1:
+            raise ConfigError(f"short_conv_kernel_size={self.short_conv_kernel_size} must be >= 1.")
+        for name in ("hidden_size", "num_hidden_layers", "vocab_size", "kda_num_heads", "kda_head_dim",
+                     "num_attention_heads", "kv_lora_rank", "v_head_dim"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}={getattr(self, name)} must be a positive integer.")

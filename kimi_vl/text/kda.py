@@ -1,0 +1,97 @@
+"""The KDA (Kimi Delta Attention) layer: projections, short conv, gates and gated output norm over the
+`kimi_vl.kernels` KDA ops. Parameter names and shapes follow the released Kimi-Linear checkpoint."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..kernels import causal_conv1d, chunk_kda, fused_recurrent_kda
+from .cache import KimiHybridCache
+from .configuration import KimiTextConfig
+from .norm import GatedRMSNorm
+
+# Up to this many new tokens with a cached state, the recurrent kernel is cheaper than the chunked one.
+RECURRENT_MAX_TOKENS = 16
+
+
+class KimiDeltaAttention(nn.Module):
+    """`o_proj(GatedRMSNorm(KDA(q, k, v, g, beta), sigmoid gate))` with
+    `q, k, v = SiLU(conv4(W x))`, `g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)`, `beta = sigmoid(b(x))`.
+
+    Shapes: `x [B, T, hidden] -> [B, T, hidden]`.
+    """
+
+    def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = h = config.kda_num_heads
+        self.head_dim = d = config.kda_head_dim
+        proj = h * d
+        hidden = config.hidden_size
+        kernel = config.short_conv_kernel_size
+        self.q_proj = nn.Linear(hidden, proj, bias=False)
+        self.k_proj = nn.Linear(hidden, proj, bias=False)
+        self.v_proj = nn.Linear(hidden, proj, bias=False)
+        # Depthwise causal convs; only their weights `[proj, 1, kernel]` are used (one fused conv call).
+        self.q_conv1d = nn.Conv1d(proj, proj, kernel, groups=proj, bias=False)
+        self.k_conv1d = nn.Conv1d(proj, proj, kernel, groups=proj, bias=False)
+        self.v_conv1d = nn.Conv1d(proj, proj, kernel, groups=proj, bias=False)
+        self.A_log = nn.Parameter(torch.empty(1, 1, h, 1))
+        self.dt_bias = nn.Parameter(torch.empty(proj))
+        self.f_a_proj = nn.Linear(hidden, d, bias=False)
+        self.f_b_proj = nn.Linear(d, proj, bias=False)
+        self.b_proj = nn.Linear(hidden, h, bias=False)
+        self.g_a_proj = nn.Linear(hidden, d, bias=False)
+        self.g_b_proj = nn.Linear(d, proj, bias=False)
+        self.o_norm = GatedRMSNorm(d, eps=config.rms_norm_eps)
+        self.o_proj = nn.Linear(proj, hidden, bias=False)
+
+    @torch.no_grad()
+    def reset_gate_parameters(self) -> None:
+        """fla / Mamba init: `A_log = log U(1, 16)`, `dt_bias = softplus^-1(dt)`, `dt ~ logU(1e-3, 1e-1)`."""
+        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1.0, 16.0).log())
+        dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
+        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        padding_mask: torch.Tensor | None = None,
+        cache: KimiHybridCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """x `[B, T, hidden]`; padding_mask `[B, T]` (1 = token, 0 = pad; pads are zeroed so they never enter
+        the conv or the state); cu_seqlens `[N+1]` for packed independent sequences (B = 1)."""
+        B, T, _ = x.shape
+        h, d = self.num_heads, self.head_dim
+        if padding_mask is not None:
+            x = x * padding_mask[..., None].to(x.dtype)
+
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        conv_w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+        state = tail = None
+        if cache is not None:
+            state, tail = cache.recurrent_states[self.layer_idx], cache.conv_tails[self.layer_idx]
+        qkv, new_tail = causal_conv1d(
+            qkv, conv_w, tail=tail, cu_seqlens=cu_seqlens, activation="silu", output_tail=cache is not None
+        )
+        q, k, v = (t.reshape(B, T, h, d) for t in qkv.split(h * d, dim=-1))
+
+        g = self.f_b_proj(self.f_a_proj(x)).float() + self.dt_bias.float()
+        g = -self.A_log.float().exp() * F.softplus(g.view(B, T, h, d), threshold=20.0)
+        beta = torch.sigmoid(self.b_proj(x).float())
+
+        kda = fused_recurrent_kda if state is not None and T <= RECURRENT_MAX_TOKENS else chunk_kda
+        o, new_state = kda(
+            q, k, v, g, beta, initial_state=state, output_final_state=cache is not None,
+            use_qk_l2norm=True, cu_seqlens=cu_seqlens,
+        )
+        if cache is not None:
+            cache.update_kda(self.layer_idx, new_state, new_tail)
+
+        gate = self.g_b_proj(self.g_a_proj(x)).view(B, T, h, d)
+        return self.o_proj(self.o_norm(o, gate).reshape(B, T, h * d))

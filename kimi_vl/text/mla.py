@@ -1,0 +1,114 @@
+"""Multi-head latent attention without position encoding (NoPE MLA), as in Kimi-Linear.
+
+Keys are `[k_nope_h ; k_pe]` where `k_nope_h, v_h` are expanded from a normalised latent `c` (rank
+`kv_lora_rank`) and `k_pe` is one slice shared by all heads and never rotated. The cache keeps only
+`[c ; k_pe]` per token. Prefill uses the expanded form (SDPA); decoding a few tokens against a cache uses the
+absorbed form, which never expands the cached latent into per-head keys and values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .cache import KimiHybridCache
+from .configuration import KimiTextConfig
+from .norm import RMSNorm
+
+# With a cache, at most this many new tokens take the absorbed (latent-space) path.
+ABSORB_MAX_TOKENS = 16
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Shapes: `x [B, T, hidden] -> [B, T, hidden]`; attention over `[c ; k_pe]` of all cached + new tokens."""
+
+    def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.num_heads = config.num_attention_heads
+        self.nope_dim = config.qk_nope_head_dim
+        self.rope_dim = config.qk_rope_head_dim
+        self.v_dim = config.v_head_dim
+        self.rank = config.kv_lora_rank
+        self.scale = config.qk_head_dim**-0.5
+        hidden, h = config.hidden_size, self.num_heads
+        self.q_lora_rank = config.q_lora_rank
+        if config.q_lora_rank is None:
+            self.q_proj = nn.Linear(hidden, h * config.qk_head_dim, bias=False)
+        else:
+            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=False)
+            self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.mla_kv_norm_eps)
+            self.q_b_proj = nn.Linear(config.q_lora_rank, h * config.qk_head_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.rank + self.rope_dim, bias=False)
+        self.kv_a_layernorm = RMSNorm(self.rank, eps=config.mla_kv_norm_eps)
+        self.kv_b_proj = nn.Linear(self.rank, h * (self.nope_dim + self.v_dim), bias=False)
+        self.o_proj = nn.Linear(h * self.v_dim, hidden, bias=False)
+    def queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x [B, T, hidden]` -> `q_nope [B, h, T, nope]`, `q_pe [B, h, T, rope]`."""
+        q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
+        q = q.view(*x.shape[:2], self.num_heads, -1).transpose(1, 2)
+        return q.split([self.nope_dim, self.rope_dim], dim=-1)
+
+    def latent(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [B, T, hidden]` -> the cached per-token latent `[B, T, rank + rope]` = `[RMSNorm(c) ; k_pe]`."""
+        c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
+        return torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_mask: torch.Tensor | None = None,
+        cache: KimiHybridCache | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """attn_mask: boolean `[B, 1, T, L]` (True = attend) or None for plain causal attention over the new
+        tokens (L = cached + T). cu_seqlens `[N+1]` (B = 1): causal attention within each packed sequence."""
+        B, T, _ = x.shape
+        q_nope, q_pe = self.queries(x)
+        latent = self.latent(x)
+        if cache is not None:
+            latent = cache.update_latent(self.layer_idx, latent)
+        if cache is not None and T <= ABSORB_MAX_TOKENS and latent.shape[1] > T:
+            out = self._absorbed(q_nope, q_pe, latent, attn_mask)
+        else:
+            out = self._expanded(q_nope, q_pe, latent, attn_mask, cu_seqlens)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+    def _kv_weights(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """`W_UK [h, nope, rank]`, `W_UV [h, v, rank]` from `kv_b_proj`."""
+        w = self.kv_b_proj.weight.view(self.num_heads, self.nope_dim + self.v_dim, self.rank)
+        return w[:, : self.nope_dim], w[:, self.nope_dim :]
+
+    def _expanded(self, q_nope, q_pe, latent, attn_mask, cu_seqlens) -> torch.Tensor:
+        B, h, T, _ = q_nope.shape
+        L = latent.shape[1]
+        c, k_pe = latent.split([self.rank, self.rope_dim], dim=-1)
+        kv = self.kv_b_proj(c).view(B, L, h, -1).transpose(1, 2)
+        k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
+        q = torch.cat([q_nope, q_pe], dim=-1)
+        k = torch.cat([k_nope, k_pe[:, None].expand(B, h, L, self.rope_dim)], dim=-1)
+        if cu_seqlens is not None:
+            bounds = cu_seqlens.tolist()
+            return torch.cat(
+                [
+                    F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
+                                                   scale=self.scale)
+                    for s, e in zip(bounds[:-1], bounds[1:])
+                ],
+                dim=2,
+            )
+        if attn_mask is None:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=T > 1, scale=self.scale)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
+
+    def _absorbed(self, q_nope, q_pe, latent, attn_mask) -> torch.Tensor:
+        """Scores `(W_UK^T q_nope) . c + q_pe . k_pe` in latent space; output `W_UV (sum_j p_j c_j)`."""
+        w_uk, w_uv = self._kv_weights()
+        c, k_pe = latent.split([self.rank, self.rope_dim], dim=-1)
+        q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)
+        scores = (q_lat @ c[:, None].transpose(-1, -2) + q_pe @ k_pe[:, None].transpose(-1, -2)) * self.scale
+        if attn_mask is not None:  # None only for a single new token, which sees the whole cache
+            scores = scores.masked_fill(~attn_mask, float("-inf"))
+        p = scores.softmax(-1, dtype=torch.float32).to(c.dtype)
+        return torch.einsum("bhtr,hvr->bhtv", p @ c[:, None], w_uv)

@@ -1,0 +1,278 @@
+"""The hybrid decoder: `KimiTextModel` and `KimiTextForCausalLM` (PreTrainedModel + GenerationMixin)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from torch import nn
+from transformers import GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from ..errors import ShapeError
+from .cache import KimiHybridCache
+from .configuration import KimiTextConfig
+from .kda import KimiDeltaAttention
+from .mla import MultiHeadLatentAttention
+from .moe import MoE, Experts, SwiGLU, TopKRouter
+from .norm import RMSNorm
+from .residual import StandardResidual
+
+
+class KimiDecoderLayer(nn.Module):
+    """One layer = two sublayers: `attention` (KDA or MLA) and `feed_forward` (dense SwiGLU or MoE), each
+    PreNorm: it normalises its input and returns only its output; the residual stream adds it."""
+
+    def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
+        super().__init__()
+        self.layer_type = config.layer_types[layer_idx]
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.self_attn = (
+            KimiDeltaAttention(config, layer_idx)
+            if self.layer_type == "kda"
+            else MultiHeadLatentAttention(config, layer_idx)
+        )
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.mlp = MoE(config) if config.is_moe_layer(layer_idx) else SwiGLU(config.hidden_size,
+                                                                            config.intermediate_size)
+
+    def attention(self, h, padding_mask, mla_mask, cache, cu_seqlens) -> torch.Tensor:
+        x = self.input_layernorm(h)
+        if self.layer_type == "kda":
+            return self.self_attn(x, padding_mask=padding_mask, cache=cache, cu_seqlens=cu_seqlens)
+        return self.self_attn(x, attn_mask=mla_mask, cache=cache, cu_seqlens=cu_seqlens)
+
+    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.post_attention_layernorm(h))
+
+
+class KimiTextPreTrainedModel(PreTrainedModel):
+    config_class = KimiTextConfig
+    config: KimiTextConfig
+    base_model_prefix = "model"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["KimiDecoderLayer"]
+    _supports_sdpa = True
+    _is_stateful = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Conv1d):
+            init.kaiming_uniform_(module.weight, a=5**0.5)
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, RMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, TopKRouter):
+            init.normal_(module.weight, mean=0.0, std=std)
+            init.zeros_(module.e_score_correction_bias)
+        elif isinstance(module, Experts):
+            for w in (module.w1, module.w2, module.w3):
+                init.normal_(w, mean=0.0, std=std)
+        elif isinstance(module, KimiDeltaAttention):
+            h = module.A_log.shape[2]
+            init.copy_(module.A_log, torch.empty(1, 1, h, 1).uniform_(1.0, 16.0).log())
+            dt = torch.empty(module.dt_bias.shape).uniform_(-6.907755, -2.302585).exp().clamp_min(1e-4)
+            init.copy_(module.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt), dt ~ logU(1e-3, 0.1)
+
+
+def build_mla_mask(
+    attention_mask: torch.Tensor | None, num_new: int, num_total: int
+) -> torch.Tensor | None:
+    """Boolean `[B, 1, T, L]` mask (True = attend) for T new tokens after `L - T` cached ones, from a 2-D padding
+    mask `[B, L]`; None when plain causal attention is enough. Every row keeps its own position so fully padded
+    query rows stay finite (their outputs are never read)."""
+    T, L = num_new, num_total
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if not padded and (T == L or T == 1):
+        return None
+    device = attention_mask.device if attention_mask is not None else None
+    causal = torch.ones(T, L, dtype=torch.bool, device=device).tril(L - T)
+    if not padded:
+        return causal[None, None]
+    valid = attention_mask[:, -L:].bool()[:, None, None, :]
+    own = torch.zeros(T, L, dtype=torch.bool, device=device)
+    own[torch.arange(T), torch.arange(L - T, L)] = True
+    return (causal & valid) | own
+
+
+class KimiTextModel(KimiTextPreTrainedModel):
+    """Embeddings, the hybrid decoder layers, the residual stream and the final norm.
+
+    Shapes: `input_ids [B, T]` -> `last_hidden_state [B, T, hidden]`.
+    """
+
+    def __init__(self, config: KimiTextConfig) -> None:
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(KimiDecoderLayer(config, i) for i in range(config.num_hidden_layers))
+        self.residual = StandardResidual()
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.embed_tokens = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: KimiHybridCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        """`position_ids` is accepted for API compatibility and unused: the model has no position encoding
+        (KDA's conv and decay carry order). `cu_seqlens` `[N+1]` packs N independent sequences in a batch of 1."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ShapeError("Pass exactly one of input_ids [B, T] or inputs_embeds [B, T, hidden].")
+        if inputs_embeds is None:
+            inputs_embeds = self.embed_tokens(input_ids)
+        B, T, _ = inputs_embeds.shape
+        if cu_seqlens is not None and (B != 1 or attention_mask is not None or past_key_values is not None):
+            raise ShapeError(
+                f"cu_seqlens packs sequences into one row: it needs batch size 1 (got {B}), no attention_mask "
+                "and no cache."
+            )
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        cache = past_key_values
+        if use_cache and cache is None and cu_seqlens is None:
+            cache = KimiHybridCache(self.config)
+        past = cache.get_seq_length() if cache is not None else 0
+        if attention_mask is not None and attention_mask.shape != (B, past + T):
+            raise ShapeError(
+                f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, cached + new tokens) = "
+                f"({B}, {past + T})."
+            )
+        padding_mask = None
+        if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
+            padding_mask = attention_mask[:, -T:]
+        mla_mask = build_mla_mask(attention_mask, T, past + T)
+
+        hidden_states = [] if output_hidden_states else None
+        state = self.residual.begin(inputs_embeds)
+        for i, layer in enumerate(self.layers):
+            if hidden_states is not None:
+                hidden_states.append(self.residual.read(state, 2 * i))
+            out = self._run(layer.attention, self.residual.read(state, 2 * i), padding_mask, mla_mask, cache,
+                            cu_seqlens)
+            state = self.residual.write(state, 2 * i, out)
+            out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1))
+            state = self.residual.write(state, 2 * i + 1, out)
+        h = self.norm(self.residual.end(state))
+        if hidden_states is not None:
+            hidden_states.append(h)
+        if cache is not None:
+            cache.advance(T)
+        return BaseModelOutputWithPast(
+            last_hidden_state=h,
+            past_key_values=cache if use_cache else None,
+            hidden_states=tuple(hidden_states) if hidden_states is not None else None,
+        )
+
+    def _run(self, fn, *args):
+        if self.gradient_checkpointing and self.training:
+            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
+        return fn(*args)
+
+    def cache_bytes_per_token(self, num_tokens: int, dtype: torch.dtype | None = None) -> float:
+        """Inference-cache bytes per token of one sequence of `num_tokens` tokens: KDA layers hold a fixed fp32
+        state and conv tail (amortised over the tokens), MLA layers `kv_lora_rank + qk_rope_head_dim` values per
+        token in `dtype` (default: the model's dtype)."""
+        cfg = self.config
+        size = torch.finfo(dtype or self.dtype).bits // 8
+        kda_fixed = (cfg.kda_num_heads * cfg.kda_head_dim * cfg.kda_head_dim * 4
+                     + 3 * cfg.kda_num_heads * cfg.kda_head_dim * (cfg.short_conv_kernel_size - 1) * size)
+        mla_per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * size
+        n_kda = cfg.layer_types.count("kda")
+        n_mla = cfg.layer_types.count("mla")
+        return n_kda * kda_fixed / num_tokens + n_mla * mla_per_token
+
+    def update_router_biases(self, rate: float = 1e-3) -> None:
+        """Aux-loss-free MoE balancing step for every MoE layer (call once per optimizer step)."""
+        for module in self.modules():
+            if isinstance(module, TopKRouter):
+                module.update_router_bias(rate)
+
+
+class KimiTextForCausalLM(KimiTextPreTrainedModel, GenerationMixin):
+    """`KimiTextModel` + LM head. Loss: next-token cross-entropy, labels == -100 ignored."""
+
+    _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+
+    def __init__(self, config: KimiTextConfig) -> None:
+        super().__init__(config)
+        self.model = KimiTextModel(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: KimiHybridCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        cu_seqlens: torch.Tensor | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        out = self.model(
+            input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
+            output_hidden_states=output_hidden_states,
+        )
+        h = out.last_hidden_state
+        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+        loss = None
+        if labels is not None:
+            loss = causal_lm_loss(logits, labels, cu_seqlens)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+        )
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = KimiHybridCache(self.config)
+        else:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+
+
+def causal_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over labels != -100 (fp32). With `cu_seqlens`, the last token of each
+    packed sequence does not predict the first token of the next one."""
+    if labels.shape != logits.shape[:2]:
+        raise ShapeError(f"labels have shape {tuple(labels.shape)}; expected {tuple(logits.shape[:2])}.")
+    target = labels[:, 1:].clone()
+    if cu_seqlens is not None:
+        ends = cu_seqlens[1:-1].long() - 1
+        target[0, ends[ends < target.shape[1]]] = -100
+    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100)
