@@ -1,0 +1,219 @@
+"""Behaviour of the text backbone: cache equivalence, sampling/batched generation, cache memory, bad input."""
+
+import pytest
+import torch
+
+from kimi_vl.errors import ConfigError, ShapeError
+from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
+
+
+def tiny_config(**kw) -> KimiTextConfig:
+    base = dict(
+        vocab_size=61, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=2, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+        num_experts=4, num_experts_per_tok=2, kda_head_dim=8, kda_num_heads=2, pad_token_id=0, bos_token_id=1,
+        eos_token_id=2,
+    )
+    base.update(kw)
+    return KimiTextConfig(**base)
+
+
+def tiny_model(seed: int = 0, **kw) -> KimiTextForCausalLM:
+    torch.manual_seed(seed)
+    model = KimiTextForCausalLM(tiny_config(**kw)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2 and "conv" not in name:
+                p.normal_(0, 0.2)
+    return model
+
+
+def test_default_layout_is_3_to_1_hybrid():
+    assert tiny_config(num_hidden_layers=8).layer_types == ["kda", "kda", "kda", "mla"] * 2
+
+
+@torch.no_grad()
+def test_cached_decode_equals_full_forward_every_step():
+    model = tiny_model()
+    ids = torch.randint(3, 61, (2, 90))
+    full = model(ids, use_cache=False).logits
+    cache = KimiHybridCache(model.config)
+    step = model(ids[:, :70], past_key_values=cache, use_cache=True).logits
+    assert (step - full[:, :70]).abs().max() < 1e-4
+    for t in range(70, 90):  # one token at a time: recurrent KDA + absorbed MLA
+        step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits
+        assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
+    assert cache.get_seq_length() == 90
+
+
+@torch.no_grad()
+def test_multi_token_continuation_with_cache():
+    model = tiny_model()
+    ids = torch.randint(3, 61, (1, 120))
+    full = model(ids, use_cache=False).logits
+    cache = KimiHybridCache(model.config)
+    model(ids[:, :50], past_key_values=cache)
+    got = model(ids[:, 50:], past_key_values=cache).logits  # 70 new tokens: chunked KDA, expanded MLA
+    assert (got - full[:, 50:]).abs().max() < 1e-4
+
+
+@torch.no_grad()
+def test_left_padded_batch_matches_unpadded_rows():
+    model = tiny_model()
+    a, b = torch.randint(3, 61, (1, 30)), torch.randint(3, 61, (1, 18))
+    ids = torch.cat([a, torch.cat([torch.zeros(1, 12, dtype=torch.long), b], 1)])
+    mask = (torch.arange(30) >= torch.tensor([[0], [12]])).long()
+    batched = model(ids, attention_mask=mask).logits
+    assert (batched[0] - model(a).logits[0]).abs().max() < 1e-4
+    assert (batched[1, 12:] - model(b).logits[0]).abs().max() < 1e-4
+
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0,
+                         eos_token_id=None)
+    alone = model.generate(b, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(out[1, 12:], alone[0])
+
+
+@torch.no_grad()
+def test_sampled_generation_is_seeded_and_uses_the_cache():
+    model = tiny_model()
+    ids = torch.randint(3, 61, (2, 10))
+    kw = dict(max_new_tokens=8, do_sample=True, top_k=5, temperature=0.8, pad_token_id=0, eos_token_id=None)
+    torch.manual_seed(3)
+    a = model.generate(ids, **kw)
+    torch.manual_seed(3)
+    b = model.generate(ids, **kw)
+    assert torch.equal(a, b) and a.shape == (2, 18)
+    torch.manual_seed(3)
+    c = model.generate(ids, use_cache=False, **kw)
+    assert torch.equal(a, c)
+
+
+@torch.no_grad()
+def test_packed_sequences_equal_separate_runs():
+    model = tiny_model()
+    seqs = [torch.randint(3, 61, (1, n)) for n in (7, 40, 23)]
+    cu = torch.tensor([0, 7, 47, 70], dtype=torch.int32)
+    packed = model(torch.cat(seqs, 1), cu_seqlens=cu).logits
+    for s, (lo, hi) in zip(seqs, zip(cu[:-1], cu[1:])):
+        assert (packed[0, lo:hi] - model(s).logits[0]).abs().max() < 1e-4
+
+
+def test_loss_ignores_minus_100_and_trains():
+    model = tiny_model().train()
+    ids = torch.randint(3, 61, (2, 33))
+    labels = ids.clone()
+    labels[:, :10] = -100
+    out = model(ids, labels=labels)
+    logits = out.logits[:, :-1].reshape(-1, 61)
+    target = labels[:, 1:].reshape(-1)
+    keep = target != -100
+    ref = torch.nn.functional.cross_entropy(logits[keep], target[keep])
+    assert torch.allclose(out.loss, ref)
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters()}
+    assert all(g is not None and torch.isfinite(g).all() for n, g in grads.items() if "e_score" not in n)
+    assert grads["model.layers.0.self_attn.A_log"].abs().sum() > 0
+
+
+def test_tied_embeddings_share_storage(tmp_path):
+    model = tiny_model(tie_word_embeddings=True)
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+    model.save_pretrained(tmp_path)
+    again = KimiTextForCausalLM.from_pretrained(tmp_path)
+    assert again.lm_head.weight.data_ptr() == again.model.embed_tokens.weight.data_ptr()
+    ids = torch.randint(3, 61, (1, 9))
+    assert torch.allclose(again(ids).logits, model(ids).logits, atol=1e-6)
+
+
+def test_auto_classes_load_our_checkpoint(tmp_path):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import kimi_vl  # noqa: F401  (registers the Auto classes)
+
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    assert AutoConfig.from_pretrained(tmp_path).model_type == "kimi_vl_text"
+    assert isinstance(AutoModelForCausalLM.from_pretrained(tmp_path), KimiTextForCausalLM)
+
+
+def test_router_bias_update_balances_load():
+    model = tiny_model().train()
+    router = model.model.layers[1].mlp.gate
+    model(torch.randint(3, 61, (2, 40)))
+    load = router.expert_load.clone()
+    assert load.sum() == 2 * 40 * 2  # tokens x top-k
+    model.model.update_router_biases(rate=0.01)
+    bias = router.e_score_correction_bias
+    assert torch.equal(torch.sign(bias), torch.sign(load.mean() - load))
+    assert router.expert_load.sum() == 0
+
+
+def test_moe_matches_per_token_loop():
+    model = tiny_model()
+    moe = model.model.layers[2].mlp
+    x = torch.randn(2, 11, 32)
+    got = moe(x)
+    flat = x.reshape(-1, 32)
+    w, idx = moe.gate(flat)
+    ref = torch.stack([
+        sum(w[n, j] * torch.nn.functional.linear(
+            torch.nn.functional.silu(flat[n] @ moe.experts.w1[idx[n, j]].T) * (flat[n] @ moe.experts.w3[idx[n, j]].T),
+            moe.experts.w2[idx[n, j]]) for j in range(idx.shape[1]))
+        for n in range(flat.shape[0])
+    ]).view_as(x) + moe.shared_experts(x)
+    assert torch.allclose(got, ref, atol=1e-5)
+
+
+def test_absorbed_mla_equals_expanded():
+    model = tiny_model(layer_types=["mla"] * 4)
+    attn = model.model.layers[0].self_attn
+    x = torch.randn(2, 12, 32)
+    cache = KimiHybridCache(model.config)
+    full = attn(x)
+    attn(x[:, :11], cache=cache)
+    cache.advance(11)
+    step = attn(x[:, 11:], cache=cache)  # absorbed path
+    assert (step[:, 0] - full[:, 11]).abs().max() < 1e-5
+
+
+def test_cache_bytes_per_token_hybrid_vs_all_mla():
+    """At 4K tokens the 3:1 hybrid stores <= 0.3x the cache bytes of all-MLA with the same sizes."""
+    kw = dict(vocab_size=1000, hidden_size=256, num_hidden_layers=8, kda_num_heads=4, kda_head_dim=64,
+              num_attention_heads=4, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64,
+              num_experts=8, num_experts_per_tok=2, moe_intermediate_size=128, intermediate_size=512)
+    with torch.device("meta"):
+        hybrid = KimiTextForCausalLM(KimiTextConfig(**kw)).model
+        mla = KimiTextForCausalLM(KimiTextConfig(layer_types=["mla"] * 8, **kw)).model
+    ratio = hybrid.cache_bytes_per_token(4096, torch.bfloat16) / mla.cache_bytes_per_token(4096, torch.bfloat16)
+    assert ratio <= 0.3
+    # The formula agrees with what a real cache holds.
+    model = tiny_model()
+    cache = KimiHybridCache(model.config)
+    with torch.no_grad():
+        model(torch.randint(3, 61, (1, 100)), past_key_values=cache)
+    assert cache.nbytes() == pytest.approx(model.model.cache_bytes_per_token(100) * 100)
+
+
+@pytest.mark.parametrize(
+    "kw, match",
+    [
+        (dict(layer_types=["kda", "attention", "kda", "mla"]), "layer_types"),
+        (dict(layer_types=["kda", "mla"]), "num_hidden_layers"),
+        (dict(num_experts_per_tok=5), "num_experts_per_tok"),
+        (dict(residual="highway"), "residual"),
+    ],
+)
+def test_invalid_config_raises_config_error(kw, match):
+    with pytest.raises(ConfigError, match=match):
+        tiny_config(**kw)
+
+
+def test_bad_forward_inputs_raise():
+    model = tiny_model()
+    ids = torch.randint(3, 61, (2, 10))
+    with pytest.raises(ShapeError, match="cu_seqlens"):
+        model(ids, cu_seqlens=torch.tensor([0, 4, 10]))
+    with pytest.raises(ShapeError, match="attention_mask"):
+        model(ids, attention_mask=torch.ones(2, 9, dtype=torch.long))
+    with pytest.raises(ShapeError, match="exactly one"):
+        model()
