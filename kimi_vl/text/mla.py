@@ -103,12 +103,14 @@ class MultiHeadLatentAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
 
     def _absorbed(self, q_nope, q_pe, latent, attn_mask) -> torch.Tensor:
-        """Scores `(W_UK^T q_nope) . c + q_pe . k_pe` in latent space; output `W_UV (sum_j p_j c_j)`."""
+        """Scores `[W_UK^T q_nope ; q_pe] . [c ; k_pe]` in latent space (one matmul over the cached latent, heads
+        folded into the rows); output `W_UV (sum_j p_j c_j)`."""
+        B, h, T, _ = q_nope.shape
         w_uk, w_uv = self._kv_weights()
-        c, k_pe = latent.split([self.rank, self.rope_dim], dim=-1)
-        q_lat = torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk)
-        scores = (q_lat @ c[:, None].transpose(-1, -2) + q_pe @ k_pe[:, None].transpose(-1, -2)) * self.scale
+        q_lat = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1)
+        scores = (q_lat.reshape(B, h * T, -1) @ latent.transpose(1, 2)).view(B, h, T, -1) * self.scale
         if attn_mask is not None:  # None only for a single new token, which sees the whole cache
             scores = scores.masked_fill(~attn_mask, float("-inf"))
-        p = scores.softmax(-1, dtype=torch.float32).to(c.dtype)
-        return torch.einsum("bhtr,hvr->bhtv", p @ c[:, None], w_uv)
+        p = scores.softmax(-1, dtype=torch.float32).to(latent.dtype)
+        o_lat = (p.view(B, h * T, -1) @ latent[..., : self.rank]).view(B, h, T, self.rank)
+        return torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)

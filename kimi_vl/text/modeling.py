@@ -15,7 +15,7 @@ from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
 from .kda import KimiDeltaAttention
 from .mla import MultiHeadLatentAttention
-from .moe import MoE, Experts, SwiGLU, TopKRouter
+from .moe import Experts, MoE, SwiGLU, TopKRouter
 from .norm import RMSNorm
 from .residual import StandardResidual
 

@@ -1,0 +1,115 @@
+"""Benchmark: ``kimi_vl.kernels.chunk_kda`` vs transformers' torch ``chunk_kimi_delta_attention``.
+
+Forward + backward on the same fp32 inputs (default B=1, H=4, T=4096, D=64, ``use_qk_l2norm=True``,
+2 CPU threads), loss = ``(o * do).sum()``.
+
+Method (each implementation runs in its own fresh ``spawn`` subprocess, so neither sees the other's
+allocations):
+
+* memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is read after the inputs are built (baseline) and
+  after the first forward+backward; the difference is the peak extra resident memory of one training step.
+  The peak after all timed repeats is printed too (the allocator may fragment over repeats).
+* time: median wall time of ``--repeats`` forward+backward runs after that first (warm-up) run.
+* accuracy: output and input gradients of the first run are sent back and compared as
+  ``max|ours - theirs| / max|theirs|``.
+
+Run: ``python bench/kda.py [--T 4096 --H 4 --D 64 --threads 2 --repeats 3]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import resource
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
+
+
+def _inputs(args: argparse.Namespace) -> list[torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    shape = (1, args.T, args.H, args.D)
+    q, k, v, g_raw = (torch.randn(shape, generator=gen) for _ in range(4))
+    g = F.logsigmoid(g_raw)
+    beta = torch.randn(shape[:3], generator=gen).sigmoid()
+    do = torch.randn(shape, generator=gen)
+    return [q, k, v, g, beta, do]
+
+
+def _worker(impl: str, args: argparse.Namespace, queue: mp.Queue) -> None:
+    torch.set_num_threads(args.threads)
+    from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
+
+    from kimi_vl.kernels import chunk_kda
+
+    *tensors, do = _inputs(args)
+    leaves = [t.requires_grad_() for t in tensors]
+
+    def step() -> torch.Tensor:
+        for t in leaves:
+            t.grad = None
+        if impl == "ours":
+            o, _ = chunk_kda(*leaves, use_qk_l2norm=True)
+        else:
+            o, _ = chunk_kimi_delta_attention(*leaves, use_qk_l2norm_in_kernel=True)
+        (o * do).sum().backward()
+        return o.detach()
+
+    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    o = step()
+    peak_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    results = [t.numpy().copy() for t in [o] + [t.grad for t in leaves]]  # numpy: plain pickling
+    times = []
+    for _ in range(args.repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    peak_all = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    # ru_maxrss is in KiB on Linux.
+    queue.put(dict(time=statistics.median(times), peak_mb=peak_first / 1024, peak_all_mb=peak_all / 1024,
+                   results=results))
+
+
+def _measure(impl: str, args: argparse.Namespace) -> dict:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_worker, args=(impl, args, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--T", type=int, default=4096)
+    parser.add_argument("--H", type=int, default=4)
+    parser.add_argument("--D", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    print(f"chunk_kda fwd+bwd, B=1 T={args.T} H={args.H} D={args.D} fp32, threads={args.threads}, "
+          f"median of {args.repeats}")
+
+    ours, theirs = _measure("ours", args), _measure("transformers", args)
+    for name, r in (("kimi_vl chunk_kda", ours), ("transformers chunk_kimi_delta_attention", theirs)):
+        print(f"{name:42s} time {r['time'] * 1e3:9.1f} ms   peak {r['peak_mb']:8.1f} MiB "
+              f"(after all repeats {r['peak_all_mb']:8.1f} MiB)")
+    pairs = zip(NAMES, ours["results"], theirs["results"], strict=True)
+    diffs = {n: float(abs(a - b).max() / abs(b).max()) for n, a, b in pairs}
+    print("max relative difference (max|ours-theirs| / max|theirs|): "
+          + ", ".join(f"{n} {d:.1e}" for n, d in diffs.items()))
+    speed = theirs["time"] / ours["time"]
+    mem = ours["peak_mb"] / theirs["peak_mb"]
+    ok = speed >= 4 and mem <= 0.25 and diffs["o"] <= 1e-4
+    print(f"SUMMARY speed ratio (theirs/ours) {speed:.2f}x [target >= 4x], "
+          f"peak memory ratio (ours/theirs) {mem:.3f}x [target <= 0.25x], "
+          f"output max rel diff {diffs['o']:.1e} [<= 1e-4] -> {'PASS' if ok else 'MISS'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,403 @@
+"""Kimi Delta Attention (KDA) ops in plain PyTorch.
+
+Layout: q, k, g are ``[B, T, H, Dk]``, v is ``[B, T, H, Dv]``, beta is ``[B, T, H]`` and the recurrent
+state is ``[N, H, Dk, Dv]`` (rows = key channels). Per head and token the recurrence is (decay *before*
+the delta correction)::
+
+    S <- S * exp(g_t)[:, None]
+    S <- S + k_t (beta_t (v_t - S^T k_t))^T
+    o_t = S^T (scale * q_t)
+
+Three implementations share this contract:
+
+* :func:`naive_recurrent_kda` - the readable token-by-token reference (works in float64).
+* :func:`fused_recurrent_kda` - a lean token loop vectorised over batch and heads, for decoding.
+* :func:`chunk_kda` - the chunked WY/UT-transform algorithm (chunk 64, sub-chunk 16) for prefill/training.
+
+All compute in float32 (float64 inputs stay float64), return ``o`` in the dtype of ``q`` and the final
+state in the compute dtype. ``KIMI_VL_KERNELS=reference`` routes ``chunk_kda`` and ``fused_recurrent_kda``
+to the naive reference.
+"""
+
+from __future__ import annotations
+
+import os
+from itertools import pairwise
+
+import torch
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+from kimi_vl.errors import ShapeError
+
+CHUNK = 64
+SUB_CHUNK = 16
+L2_EPS = 1e-6
+
+_Out = tuple[torch.Tensor, torch.Tensor | None]
+
+
+def _use_reference() -> bool:
+    return os.environ.get("KIMI_VL_KERNELS", "").lower() == "reference"
+
+
+def l2norm(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
+    """``x / sqrt(sum(x^2) + eps)`` over the last dim, in float32 (float64 kept); same shape/dtype as x."""
+    xf = x if x.dtype == torch.float64 else x.float()
+    return (xf * torch.rsqrt((xf * xf).sum(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def _shape(t: torch.Tensor) -> tuple[int, ...]:
+    return tuple(t.shape)
+
+
+def _check(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    initial_state: torch.Tensor | None,
+    cu_seqlens: torch.Tensor | None,
+) -> list[int] | None:
+    """Validate shapes; return the cu_seqlens offsets as a Python list (None without varlen)."""
+    if q.dim() != 4:
+        raise ShapeError(f"q must be [B, T, H, Dk], got {_shape(q)}")
+    B, T, H, Dk = q.shape
+    for name, t in (("k", k), ("g", g)):
+        if t.shape != q.shape:
+            raise ShapeError(f"{name} {_shape(t)} must have the shape of q {_shape(q)} ([B, T, H, Dk])")
+    if v.dim() != 4 or v.shape[:3] != q.shape[:3]:
+        raise ShapeError(f"v {_shape(v)} must be [B, T, H, Dv] with B, T, H of q {_shape(q)}")
+    if beta.shape != q.shape[:3]:
+        raise ShapeError(f"beta {_shape(beta)} must be [B, T, H] = {_shape(q)[:3]}")
+    n_seq, offsets = B, None
+    if cu_seqlens is not None:
+        if cu_seqlens.dim() != 1 or cu_seqlens.numel() < 2:
+            raise ShapeError(f"cu_seqlens must be 1-D offsets [N+1], got {_shape(cu_seqlens)}")
+        if B != 1:
+            raise ShapeError(f"cu_seqlens needs batch size 1 (sequences packed along T), got q {_shape(q)}")
+        offsets = [int(x) for x in cu_seqlens.tolist()]
+        if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in pairwise(offsets)):
+            raise ShapeError(f"cu_seqlens {offsets} must rise from 0 to T={T}")
+        n_seq = len(offsets) - 1
+    want = (n_seq, H, Dk, v.shape[-1])
+    if initial_state is not None and _shape(initial_state) != want:
+        raise ShapeError(f"initial_state {_shape(initial_state)} must be [N, H, Dk, Dv] = {want}")
+    return offsets
+
+
+def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
+    """Cast to the compute dtype, optionally L2-normalise q/k, and fold ``scale`` into q."""
+    dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    q, k, v, g, beta = (t.to(dtype) for t in (q, k, v, g, beta))
+    if use_qk_l2norm:
+        q, k = l2norm(q), l2norm(k)
+    q = q * (q.shape[-1] ** -0.5 if scale is None else scale)
+    h0 = None if initial_state is None else initial_state.to(dtype)
+    return q, k, v, g, beta, h0
+
+
+def naive_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """Reference KDA: one token at a time, exactly the recurrence in the module docstring.
+
+    Args: q, k, g ``[B, T, H, Dk]``; v ``[B, T, H, Dv]``; beta ``[B, T, H]``; initial_state
+    ``[N, H, Dk, Dv]`` (N = B, or the number of sequences with ``cu_seqlens`` ``[N+1]``, which needs B = 1).
+    Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] or None)``.
+    """
+    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+    out_dtype = q.dtype
+    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    # (token range, state rows): the whole batch at once, or one packed sequence at a time.
+    if offsets is None:
+        segments = [(0, T, 0, B)]
+    else:
+        segments = [(a, b, i, i + 1) for i, (a, b) in enumerate(pairwise(offsets))]
+    outputs, finals = [], []
+    for start, end, s0, s1 in segments:
+        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
+        for t in range(start, end):
+            S = S * g[:, t].exp()[..., None]
+            prediction = (S * k[:, t, :, :, None]).sum(-2)
+            delta = beta[:, t, :, None] * (v[:, t] - prediction)
+            S = S + k[:, t, :, :, None] * delta[:, :, None, :]
+            outputs.append((S * q[:, t, :, :, None]).sum(-2))
+        finals.append(S)
+    o = torch.stack(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
+    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
+
+
+def _pad_varlen(offsets: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gather indices placing packed tokens into a right-padded ``[N, L]`` grid.
+
+    Returns ``(src [N, L], valid [N, L] bool)``; src indexes the packed tokens, T meaning an extra zero row.
+    """
+    lens = torch.tensor([b - a for a, b in pairwise(offsets)], device=device)
+    pos = torch.arange(max(int(lens.max()), 1), device=device)
+    valid = pos[None, :] < lens[:, None]
+    src = torch.where(valid, torch.tensor(offsets[:-1], device=device)[:, None] + pos[None, :], offsets[-1])
+    return src, valid
+
+
+def fused_recurrent_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """Recurrent KDA for decoding a few tokens; same contract as :func:`naive_recurrent_kda`.
+
+    Vectorised over batch and heads (packed sequences are right-padded into a batch; zero padding
+    leaves the state unchanged). Continues a :func:`chunk_kda` prefill given its final state.
+    """
+    if _use_reference():
+        return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                   output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                                   cu_seqlens=cu_seqlens)
+    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+    out_dtype = q.dtype
+    q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    if offsets is not None:
+        src, valid = _pad_varlen(offsets, q.device)
+        q, k, v, g, beta = (torch.cat([t[0], t.new_zeros(1, *t.shape[2:])])[src] for t in (q, k, v, g, beta))
+    B, T, H, Dk = q.shape
+    if S is None:
+        S = q.new_zeros(B, H, Dk, v.shape[-1])
+    decay = g.exp().unsqueeze(-1)
+    k_col, q_row = k.unsqueeze(-1), q.unsqueeze(-2)
+    outputs = []
+    for t in range(T):
+        S = S * decay[:, t]
+        delta = beta[:, t, :, None] * (v[:, t] - (k_col[:, t].transpose(-1, -2) @ S).squeeze(-2))
+        S = S + k_col[:, t] * delta.unsqueeze(-2)
+        outputs.append(q_row[:, t] @ S)
+    o = torch.cat(outputs, -2).transpose(1, 2) if outputs else v.new_zeros(B, 0, H, v.shape[-1])
+    if offsets is not None:
+        o = o[valid].unsqueeze(0)
+    return o.to(out_dtype), S if output_final_state else None
+
+
+def _pair_decay(G: torch.Tensor) -> torch.Tensor:
+    """``exp(G_i - G_j)`` for j <= i, else 0: ``[m, S, D] -> [m, S(i), S(j), D]``.
+
+    j > i is masked to -inf *before* the exp: those differences are positive and may overflow.
+    """
+    S = G.shape[-2]
+    upper = torch.ones(S, S, dtype=torch.bool, device=G.device).triu(1)[:, :, None]
+    return (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill_(upper, float("-inf")).exp_()
+
+
+def _groups(m: int, per_item: int, budget: int = 1 << 21) -> list[slice]:
+    step = max(1, budget // per_item)
+    return [slice(i, min(i + step, m)) for i in range(0, m, step)]
+
+
+class _DiagBlockScores(torch.autograd.Function):
+    """Scores inside the diagonal sub-blocks, with the element-wise pairwise decay.
+
+    ``A_kk[i, j] = sum_d k_id k_jd E_ijd`` and ``A_qk[i, j] = sum_d q_id k_jd E_ijd`` with
+    ``E = _pair_decay(G)``. Inputs ``[m, S, D]``, outputs ``[m, S, S]``. The ``[m, S, S, D]`` decay is
+    built in groups of blocks and recomputed in backward instead of being stored, which bounds memory.
+    """
+
+    @staticmethod
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx.save_for_backward(q, k, G)
+        m, S, D = k.shape
+        out = k.new_empty(m, S, S, 2)
+        for sl in _groups(m, S * S * D):
+            k_decay = _pair_decay(G[sl]).mul_(k[sl].unsqueeze(-3))
+            torch.matmul(k_decay, torch.stack([k[sl], q[sl]], -1), out=out[sl])
+        return out[..., 0], out[..., 1]
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_kk: torch.Tensor | None, d_qk: torch.Tensor | None):
+        q, k, G = ctx.saved_tensors
+        m, S, D = k.shape
+        dA = torch.stack([k.new_zeros(m, S, S) if d is None else d for d in (d_kk, d_qk)], -1)  # [m, S, S, 2]
+        dq, dk, dG = torch.empty_like(q), torch.empty_like(k), torch.empty_like(G)
+        for sl in _groups(m, S * S * D):
+            E = _pair_decay(G[sl])
+            k_j = k[sl].unsqueeze(-3)
+            rows = dA[sl].transpose(-1, -2) @ (E * k_j)  # [m, S(i), 2, D]: d/dk_i and d/dq_i
+            R = (dA[sl] @ torch.stack([k[sl], q[sl]], -2)).mul_(E)  # [m, i, j, D]: sum_x dA_x[i,j] x_id E_ijd
+            dk[sl] = rows[..., 0, :] + R.sum(-3)
+            dq[sl] = rows[..., 1, :]
+            P = R.mul_(k_j)
+            dG[sl] = P.sum(-2) - P.sum(-3)
+        return dq, dk, dG
+
+
+def _intra_chunk(q: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Intra-chunk score matrices ``A_kk`` and ``A_qk``, both ``[N, Z, C, C]``.
+
+    ``A[i, j] = sum_d x_{i,d} k_{j,d} exp(G_{i,d} - G_{j,d})`` for j <= i (x = k or q), zero above the
+    diagonal; ``A_kk``'s diagonal is not meaningful (the unit-triangular solve ignores it).
+    Inputs q, k, G (in-chunk cumulative log decay) are ``[N, Z, C, Dk]``.
+
+    Blocks below the 16x16 block diagonal are matmuls with the decay split at the first token n of the
+    row's sub-chunk: ``(x_i e^{G_i - G_n}) . (k_j e^{G_n - G_j})`` with j < n <= i, so both factors are <= 1.
+    Only the diagonal sub-blocks need the element-wise pairwise decay.
+    """
+    N, Z, C, D = q.shape
+    S, ns = SUB_CHUNK, C // SUB_CHUNK
+    qs, ks, Gs = (t.view(N, Z, ns, S, D) for t in (q, k, G))
+    dev = q.device
+
+    diag_kk, diag_qk = _DiagBlockScores.apply(*(t.reshape(-1, S, D) for t in (qs, ks, Gs)))
+    diag_kk, diag_qk = diag_kk.view(N, Z, ns, S, S), diag_qk.view(N, Z, ns, S, S)
+    eye = torch.eye(ns, dtype=q.dtype, device=dev)[:, None, :, None]
+    diag_kk = (diag_kk.unsqueeze(-2) * eye).reshape(N, Z, C, C)
+    diag_qk = (diag_qk.unsqueeze(-2) * eye).reshape(N, Z, C, C)
+
+    # Off-diagonal sub-blocks: rows of sub-chunks 1..ns-1 against columns 0..C-S-1.
+    G_ref = Gs[:, :, 1:, :1]  # [N, Z, ns-1, 1, D]: G at each row sub-chunk's first token
+    row_decay = (Gs[:, :, 1:] - G_ref).exp()
+    later = torch.arange(C - S, device=dev)[None, :] >= torch.arange(S, C, S, device=dev)[:, None]
+    col_decay = (G_ref - G[:, :, None, : C - S]).masked_fill(later[:, :, None], float("-inf")).exp()
+    k_col = k[:, :, None, : C - S] * col_decay  # [N, Z, ns-1, C-S, D]
+    rows = torch.cat([ks[:, :, 1:], qs[:, :, 1:]], -2) * torch.cat([row_decay, row_decay], -2)
+    off = rows @ k_col.transpose(-1, -2)  # [N, Z, ns-1, 2S, C-S]
+    off_kk, off_qk = (F.pad(t.reshape(N, Z, C - S, C - S), (0, S, S, 0)) for t in off.split(S, -2))
+    return diag_kk + off_kk, diag_qk + off_qk
+
+
+def _chunk_core(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    segments: list[tuple[int, int]],
+    states: list[torch.Tensor],
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Chunked KDA on chunk-major tensors.
+
+    q, k, g: ``[N, Z, C, Dk]``; v: ``[N, Z, C, Dv]``; beta: ``[N, Z, C]`` (N chunks, Z = rows of the state).
+    ``segments[i] = (first, end)`` chunk range of an independent sequence whose state starts at
+    ``states[i]`` ``[Z, Dk, Dv]``. Returns ``(o [N, Z, C, Dv], final state of each segment)``.
+    """
+    N, Z, C, Dk = q.shape
+    Dv = v.shape[-1]
+    G = g.cumsum(-2)
+    A_kk, A_qk = _intra_chunk(q, k, G)
+
+    # UT transform: (I + diag(beta) A_kk) [U | W] = diag(beta) [V | exp(G) K].
+    G_exp = G.exp()
+    rhs = torch.cat([v, k * G_exp], -1) * beta.unsqueeze(-1)
+    UW = torch.linalg.solve_triangular(A_kk * beta.unsqueeze(-1), rhs, upper=False, unitriangular=True)
+    U, W = UW.split([Dv, Dk], -1)
+
+    # One matmul per chunk yields both W S (the state's prediction) and (Q exp(G)) S (inter-chunk output).
+    WQ = torch.cat([W, q * G_exp], -2)  # [N, Z, 2C, Dk]
+    G_last = G[:, :, -1:]
+    k_to_end = (k * (G_last - G).exp()).transpose(-1, -2)  # [N, Z, Dk, C]
+    decay_end = G_last.exp().transpose(-1, -2)  # [N, Z, Dk, 1]
+
+    # unbind (not indexing) so backward stacks the per-chunk grads once instead of scattering into zeros.
+    WQ, U, k_to_end, decay_end = (t.unbind(0) for t in (WQ, U, k_to_end, decay_end))
+    v_new, o_inter, finals = [], [], []
+    for (first, end), S in zip(segments, states, strict=True):
+        for c in range(first, end):
+            proj = WQ[c] @ S
+            vn = U[c] - proj[:, :C]
+            v_new.append(vn)
+            o_inter.append(proj[:, C:])
+            S = torch.baddbmm(S * decay_end[c], k_to_end[c], vn)
+        finals.append(S)
+    o = torch.stack(o_inter) + A_qk @ torch.stack(v_new)
+    return o, finals
+
+
+def chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """Chunked KDA (chunk 64, WY/UT transform); same contract as :func:`naive_recurrent_kda`, differentiable.
+
+    Args: q, k, g ``[B, T, H, Dk]`` (g = per-channel log decay <= 0); v ``[B, T, H, Dv]``; beta ``[B, T, H]``;
+    scale (default ``Dk**-0.5``, applied after the optional L2 norm); initial_state ``[N, H, Dk, Dv]``;
+    cu_seqlens ``[N+1]`` offsets of packed sequences (B must be 1).
+    Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] fp32 (fp64 for fp64 input) or None)``.
+    """
+    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+    if _use_reference() or q.shape[1] == 0:
+        return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
+                                   output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
+                                   cu_seqlens=cu_seqlens)
+    out_dtype = q.dtype
+    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    C = CHUNK
+
+    if offsets is None:
+        pad = (-T) % C
+        n = (T + pad) // C
+
+        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, *] -> [n, B*H, C, *]
+            x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
+            return x.reshape(B, n, C, H, -1).permute(1, 0, 3, 2, 4).reshape(n, B * H, C, -1)
+
+        segments = [(0, n)]
+        states = [q.new_zeros(B * H, Dk, Dv) if h0 is None else h0.reshape(B * H, Dk, Dv)]
+    else:
+        # Each sequence is right-padded to a whole number of chunks; zero padding leaves its state unchanged.
+        n_chunks = [-(-(b - a) // C) for a, b in pairwise(offsets)]
+        src, dst, segments, first = [], [], [], 0
+        for (a, b), m in zip(pairwise(offsets), n_chunks, strict=True):
+            src += list(range(a, b)) + [T] * (m * C - (b - a))
+            dst += list(range(first * C, first * C + b - a))
+            segments.append((first, first + m))
+            first += m
+        n = first
+        src_idx = torch.tensor(src, dtype=torch.long, device=q.device)
+
+        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [1, T, H, *] -> [n, H, C, *]
+            x = torch.cat([x[0], x.new_zeros(1, *x.shape[2:])])[src_idx]
+            return x.reshape(n, C, H, -1).transpose(1, 2)
+
+        states = [q.new_zeros(H, Dk, Dv) if h0 is None else h0[i] for i in range(len(segments))]
+
+    qc, kc, vc, gc = (to_chunks(t) for t in (q, k, v, g))
+    o, finals = _chunk_core(qc, kc, vc, gc, to_chunks(beta.unsqueeze(-1)).squeeze(-1), segments, states)
+
+    if offsets is None:
+        o = o.reshape(n, B, H, C, Dv).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, Dv)[:, :T]
+        final = finals[0].reshape(B, H, Dk, Dv)
+    else:
+        dst_idx = torch.tensor(dst, dtype=torch.long, device=q.device)
+        o = o.transpose(1, 2).reshape(n * C, H, Dv)[dst_idx].unsqueeze(0)
+        final = torch.stack(finals)
+    return o.to(out_dtype), final if output_final_state else None
