@@ -48,8 +48,10 @@ class KimiTextConfig(PretrainedConfig):
             (DeepSeek-V3, vLLM, transformers' `kimi_linear`). Default `False`: the transformers behaviour.
         first_k_dense: number of leading layers with a dense SwiGLU instead of MoE.
         rms_norm_eps: eps of every other RMSNorm.
-        residual: `"standard"` PreNorm residual, `"attnres"` (full Attention Residuals) or `"block_attnres"`.
-        attnres_block_size: sublayers per AttnRes block (attention and FFN count separately).
+        residual: `"block_attnres"` (default: Block Attention Residuals, from the first training step),
+            `"attnres"` (Full AttnRes, every sublayer output a source) or `"standard"` (PreNorm sum).
+        attnres_block_size: sublayers per AttnRes block (attention and FFN count separately); 6 as in the
+            48B Kimi-Linear AttnRes run (9 blocks + the embedding over 54 sublayers).
         initializer_range: std of the normal init of linear and embedding weights.
         tie_word_embeddings: share the input embedding with the LM head.
     """
@@ -86,8 +88,8 @@ class KimiTextConfig(PretrainedConfig):
         first_k_dense: int = 1,
         hidden_act: str = "silu",
         rms_norm_eps: float = 1e-5,
-        residual: str = "standard",
-        attnres_block_size: int = 8,
+        residual: str = "block_attnres",
+        attnres_block_size: int = 6,
         initializer_range: float = 0.02,
         use_cache: bool = True,
         tie_word_embeddings: bool = False,

@@ -11,6 +11,7 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from ..errors import ShapeError
+from .attnres import AttnResidual
 from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
 from .kda import KimiDeltaAttention
@@ -71,11 +72,24 @@ class KimiTextPreTrainedModel(PreTrainedModel):
         elif isinstance(module, Experts):
             for w in (module.w1, module.w2, module.w3):
                 init.normal_(w, mean=0.0, std=std)
+        elif isinstance(module, AttnResidual):
+            for q in [*module.queries, module.final_query]:
+                init.zeros_(q)
+            for g in [*module.key_norms, module.final_key_norm]:
+                init.ones_(g)
         elif isinstance(module, KimiDeltaAttention):
             h = module.A_log.shape[2]
             init.copy_(module.A_log, torch.empty(1, 1, h, 1).uniform_(1.0, 16.0).log())
             dt = torch.empty(module.dt_bias.shape).uniform_(-6.907755, -2.302585).exp().clamp_min(1e-4)
             init.copy_(module.dt_bias, dt + torch.log(-torch.expm1(-dt)))  # softplus^-1(dt), dt ~ logU(1e-3, 0.1)
+
+
+def build_residual(config: KimiTextConfig) -> StandardResidual | AttnResidual:
+    """The residual stream chosen by `config.residual`."""
+    if config.residual == "standard":
+        return StandardResidual()
+    block = 1 if config.residual == "attnres" else config.attnres_block_size
+    return AttnResidual(config.hidden_size, config.num_sublayers, block, eps=config.rms_norm_eps)
 
 
 def build_mla_mask(
@@ -108,7 +122,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         super().__init__(config)
         self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
         self.layers = nn.ModuleList(KimiDecoderLayer(config, i) for i in range(config.num_hidden_layers))
-        self.residual = StandardResidual()
+        self.residual = build_residual(config)
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.gradient_checkpointing = False
         self.post_init()

@@ -122,3 +122,18 @@ def test_convert_rejects_bad_input(tmp_path):
     (tmp_path / "config.json").write_text('{"model_type": "llama"}')
     with pytest.raises(CheckpointError, match="kimi_linear"):
         convert_kimi_linear(tmp_path, tmp_path / "out")
+
+
+@pytest.mark.parametrize("residual, block", [("block_attnres", 2), ("block_attnres", 6), ("attnres", 1)])
+def test_converted_checkpoint_with_zero_query_attnres_matches_transformers(tmp_path, residual, block):
+    hf = _hf_model("hybrid")
+    hf.save_pretrained(tmp_path / "hf")
+    convert_kimi_linear(tmp_path / "hf", tmp_path / "ours")
+    ours = KimiTextForCausalLM.from_pretrained(tmp_path / "ours", residual=residual,
+                                               attnres_block_size=block).eval()
+    assert ours.config.residual == residual
+    ids, mask = _padded_batch()
+    with torch.no_grad():
+        ref = hf.eval()(ids, attention_mask=mask).logits
+        got = ours(ids, attention_mask=mask).logits
+    assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
