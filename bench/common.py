@@ -6,6 +6,14 @@ import statistics
 import time
 from collections.abc import Callable
 
+# The tiny text config of the benchmarks (hidden 256, 8 layers in the 3:1 hybrid, 8 experts top-2).
+TINY_TEXT = dict(
+    vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=256, num_hidden_layers=8,
+    num_attention_heads=4, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64,
+    kda_head_dim=64, kda_num_heads=4, num_experts=8, num_experts_per_tok=2,
+    pad_token_id=0, bos_token_id=1, eos_token_id=2,
+)
+
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     """Median wall time of `fn()` in seconds over `repeats` runs after `warmup` runs."""
@@ -17,3 +25,24 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def run_isolated(target: Callable, *args) -> dict:
+    """Run `target(*args, queue)` in a fresh `spawn` subprocess and return the dict it puts on the queue, so
+    each measurement sees only its own allocations (peak resident memory via `ru_maxrss`)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=target, args=(*args, queue))
+    proc.start()
+    out = queue.get()
+    proc.join()
+    return out
+
+
+def peak_rss_mib() -> float:
+    """Peak resident memory of this process so far, MiB (`ru_maxrss` is KiB on Linux)."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024

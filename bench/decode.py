@@ -13,14 +13,9 @@ import argparse
 import time
 
 import torch
+from common import TINY_TEXT
 
 from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
-
-SIZES = dict(
-    vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=256, num_hidden_layers=8,
-    num_attention_heads=4, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64, v_head_dim=64,
-    kda_head_dim=64, kda_num_heads=4, num_experts=8, num_experts_per_tok=2, use_cache=True,
-)
 
 
 @torch.inference_mode()
@@ -43,10 +38,10 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    context = torch.randint(3, SIZES["vocab_size"], (1, args.context))
+    context = torch.randint(3, TINY_TEXT["vocab_size"], (1, args.context))
     results = {}
-    for name, layer_types in [("hybrid 3:1", None), ("all-MLA", ["mla"] * SIZES["num_hidden_layers"])]:
-        model = KimiTextForCausalLM(KimiTextConfig(layer_types=layer_types, **SIZES)).eval()
+    for name, layer_types in [("hybrid 3:1", None), ("all-MLA", ["mla"] * TINY_TEXT["num_hidden_layers"])]:
+        model = KimiTextForCausalLM(KimiTextConfig(layer_types=layer_types, **TINY_TEXT)).eval()
         rate, nbytes = decode_rate(model, context, args.tokens)
         results[name] = rate
         print(f"{name:10s}: {rate:8.1f} tokens/s at {args.context} context, cache {nbytes / 2**20:.1f} MiB "

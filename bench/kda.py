@@ -19,13 +19,12 @@ Run: ``python bench/kda.py [--T 4096 --H 4 --D 64 --threads 2 --repeats 3]``.
 from __future__ import annotations
 
 import argparse
-import multiprocessing as mp
-import resource
 import statistics
 import time
 
 import torch
 import torch.nn.functional as F
+from common import peak_rss_mib, run_isolated
 
 NAMES = ("o", "dq", "dk", "dv", "dg", "dbeta")
 
@@ -40,7 +39,7 @@ def _inputs(args: argparse.Namespace) -> list[torch.Tensor]:
     return [q, k, v, g, beta, do]
 
 
-def _worker(impl: str, args: argparse.Namespace, queue: mp.Queue) -> None:
+def _worker(impl: str, args: argparse.Namespace, queue) -> None:
     torch.set_num_threads(args.threads)
     from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
 
@@ -59,29 +58,17 @@ def _worker(impl: str, args: argparse.Namespace, queue: mp.Queue) -> None:
         (o * do).sum().backward()
         return o.detach()
 
-    base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    base = peak_rss_mib()
     o = step()
-    peak_first = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
+    peak_first = peak_rss_mib() - base
     results = [t.numpy().copy() for t in [o] + [t.grad for t in leaves]]  # numpy: plain pickling
     times = []
     for _ in range(args.repeats):
         t0 = time.perf_counter()
         step()
         times.append(time.perf_counter() - t0)
-    peak_all = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base
-    # ru_maxrss is in KiB on Linux.
-    queue.put(dict(time=statistics.median(times), peak_mb=peak_first / 1024, peak_all_mb=peak_all / 1024,
-                   results=results))
-
-
-def _measure(impl: str, args: argparse.Namespace) -> dict:
-    ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_worker, args=(impl, args, queue))
-    proc.start()
-    out = queue.get()
-    proc.join()
-    return out
+    peak_all = peak_rss_mib() - base
+    queue.put(dict(time=statistics.median(times), peak_mb=peak_first, peak_all_mb=peak_all, results=results))
 
 
 def main() -> None:
@@ -95,7 +82,7 @@ def main() -> None:
     print(f"chunk_kda fwd+bwd, B=1 T={args.T} H={args.H} D={args.D} fp32, threads={args.threads}, "
           f"median of {args.repeats}")
 
-    ours, theirs = _measure("ours", args), _measure("transformers", args)
+    ours, theirs = run_isolated(_worker, "ours", args), run_isolated(_worker, "transformers", args)
     for name, r in (("kimi_vl chunk_kda", ours), ("transformers chunk_kimi_delta_attention", theirs)):
         print(f"{name:42s} time {r['time'] * 1e3:9.1f} ms   peak {r['peak_mb']:8.1f} MiB "
               f"(after all repeats {r['peak_all_mb']:8.1f} MiB)")
