@@ -10,7 +10,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
-from ..errors import ShapeError
+from ..errors import ConfigError, ShapeError
 from .attnres import AttnResidual
 from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
@@ -158,7 +158,11 @@ class KimiTextModel(KimiTextPreTrainedModel):
                 f"cu_seqlens packs sequences into one row: it needs batch size 1 (got {B}), no attention_mask "
                 "and no cache."
             )
-        use_cache = self.config.use_cache if use_cache is None else use_cache
+        if use_cache is None:  # a cache is for inference: training forwards do not build one unless asked
+            use_cache = self.config.use_cache and not self.training
+        if use_cache and self.gradient_checkpointing and self.training:
+            raise ConfigError("use_cache=True cannot be combined with gradient checkpointing during training "
+                             "(recomputation would append to the cache twice); pass use_cache=False.")
         cache = past_key_values
         if use_cache and cache is None and cu_seqlens is None:
             cache = KimiHybridCache(self.config)
@@ -176,10 +180,10 @@ class KimiTextModel(KimiTextPreTrainedModel):
         hidden_states = [] if output_hidden_states else None
         state = self.residual.begin(inputs_embeds)
         for i, layer in enumerate(self.layers):
+            h = self.residual.read(state, 2 * i)
             if hidden_states is not None:
-                hidden_states.append(self.residual.read(state, 2 * i))
-            out = self._run(layer.attention, self.residual.read(state, 2 * i), padding_mask, mla_mask, cache,
-                            cu_seqlens)
+                hidden_states.append(h)
+            out = self._run(layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens)
             state = self.residual.write(state, 2 * i, out)
             out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1))
             state = self.residual.write(state, 2 * i + 1, out)

@@ -217,3 +217,20 @@ def test_bad_forward_inputs_raise():
         model(ids, attention_mask=torch.ones(2, 9, dtype=torch.long))
     with pytest.raises(ShapeError, match="exactly one"):
         model()
+
+
+def test_hidden_states_and_gradient_checkpointing():
+    model = tiny_model().train()
+    ids = torch.randint(3, 61, (2, 20))
+    out = model(ids, labels=ids, output_hidden_states=True)
+    assert len(out.hidden_states) == model.config.num_hidden_layers + 1
+    assert torch.equal(out.hidden_states[0], model.model.embed_tokens(ids))
+    out.loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.gradient_checkpointing_enable()
+    assert model.model.gradient_checkpointing
+    model(ids, labels=ids).loss.backward()
+    for n, p in model.named_parameters():
+        if n in ref:
+            assert torch.allclose(p.grad, ref[n], atol=1e-6), n
