@@ -8,6 +8,7 @@ several seeds, and print the validation-loss difference with its spread. Reports
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import sysconfig
 import time
@@ -36,14 +37,16 @@ def stdlib_bytes(limit: int) -> torch.Tensor:
 def train(residual: str, seed: int, data: torch.Tensor, val: torch.Tensor, args) -> float:
     torch.manual_seed(seed)
     cfg = KimiTextConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=352, moe_intermediate_size=128, num_hidden_layers=8,
+        vocab_size=256, hidden_size=128, intermediate_size=352, moe_intermediate_size=128, num_hidden_layers=args.layers,
         num_attention_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
         kda_head_dim=32, kda_num_heads=4, num_experts=4, num_experts_per_tok=2, residual=residual,
         attnres_block_size=args.block, pad_token_id=None, bos_token_id=None, eos_token_id=None,
     )
     model = KimiTextForCausalLM(cfg).train()
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.1)
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=args.lr, total_steps=args.steps, pct_start=0.1)
+    warmup = max(1, args.steps // 10)
+    sched = torch.optim.lr_scheduler.LambdaLR(  # linear warm-up, then cosine to 0
+        opt, lambda s: min((s + 1) / warmup, 0.5 * (1 + math.cos(math.pi * min(s / args.steps, 1.0)))))
     gen = torch.Generator().manual_seed(seed)
     for _ in range(args.steps):
         starts = torch.randint(0, len(data) - args.seq - 1, (args.batch,), generator=gen)
@@ -67,7 +70,8 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=256)
     ap.add_argument("--lr", type=float, default=3e-3)
-    ap.add_argument("--block", type=int, default=4)
+    ap.add_argument("--block", type=int, default=4, help="attnres_block_size (sublayers)")
+    ap.add_argument("--layers", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
