@@ -37,7 +37,8 @@ def stdlib_bytes(limit: int) -> torch.Tensor:
 def train(residual: str, seed: int, data: torch.Tensor, val: torch.Tensor, args) -> float:
     torch.manual_seed(seed)
     cfg = KimiTextConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=352, moe_intermediate_size=128, num_hidden_layers=args.layers,
+        vocab_size=256, hidden_size=128, intermediate_size=352, moe_intermediate_size=128,
+        num_hidden_layers=args.layers,
         num_attention_heads=4, kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32,
         kda_head_dim=32, kda_num_heads=4, num_experts=4, num_experts_per_tok=2, residual=residual,
         attnres_block_size=args.block, pad_token_id=None, bos_token_id=None, eos_token_id=None,

@@ -1,16 +1,22 @@
 """kimi-vl: Kimi-style early-fusion vision-text models.
 
-Importing the package registers the Auto classes (`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`).
+Importing the package registers the Auto classes (`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`,
+`AutoImageProcessor`, `AutoVideoProcessor`).
 """
 
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
+from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForCausalLM, AutoVideoProcessor
 
 from .errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError, ShapeError
 from .text import KimiTextConfig, KimiTextForCausalLM, KimiTextModel
+from .vision import MoonViTConfig, MoonViTImageProcessor, MoonViTModel, MoonViTVideoProcessor
 
 AutoConfig.register(KimiTextConfig.model_type, KimiTextConfig, exist_ok=True)
 AutoModel.register(KimiTextConfig, KimiTextModel, exist_ok=True)
 AutoModelForCausalLM.register(KimiTextConfig, KimiTextForCausalLM, exist_ok=True)
+AutoConfig.register(MoonViTConfig.model_type, MoonViTConfig, exist_ok=True)
+AutoModel.register(MoonViTConfig, MoonViTModel, exist_ok=True)
+AutoImageProcessor.register(MoonViTConfig, fast_image_processor_class=MoonViTImageProcessor, exist_ok=True)
+AutoVideoProcessor.register(MoonViTConfig, MoonViTVideoProcessor, exist_ok=True)
 
 __version__ = "0.1.0"
 
@@ -22,5 +28,9 @@ __all__ = [
     "KimiTextForCausalLM",
     "KimiTextModel",
     "KimiVLError",
+    "MoonViTConfig",
+    "MoonViTImageProcessor",
+    "MoonViTModel",
+    "MoonViTVideoProcessor",
     "ShapeError",
 ]

@@ -16,6 +16,12 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _convert_vision(args: argparse.Namespace) -> None:
+    from .convert import convert_kimi_k25_vision
+
+    print(f"wrote {convert_kimi_k25_vision(args.src, args.dst)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-vl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -27,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     kl.add_argument("--residual", choices=["standard", "attnres", "block_attnres"], default=None,
                     help="residual stream of the converted model (default: standard, exact parity)")
     kl.set_defaults(func=_convert)
+    kv = kinds.add_parser("kimi-k25-vision", help="the MoonViT-3D tower + projector of a transformers kimi_k25 "
+                          "checkpoint -> MoonViTModel (+ projector.safetensors)")
+    kv.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
+    kv.add_argument("dst", help="destination directory")
+    kv.set_defaults(func=_convert_vision)
     return parser
 
 

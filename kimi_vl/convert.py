@@ -1,5 +1,8 @@
 """Import released Hugging Face checkpoints into kimi-vl's own formats.
 
+`convert_kimi_k25_vision` (MoonViT-3D + projector from a `kimi_k25` checkpoint) lives in
+`kimi_vl.vision.convert` and is re-exported here.
+
 `convert_kimi_linear` reads a `kimi_linear` checkpoint directory (the released Kimi-Linear format with
 `block_sparse_moe.experts.{e}.w1/w2/w3` and per-projection convs, or transformers' native layout with packed
 `conv1d`, `forget_gate.*` and `experts.gate_up_proj`; sharded or not) and writes a `kimi_vl_text` checkpoint
@@ -22,6 +25,9 @@ from tqdm.auto import tqdm
 
 from .errors import CheckpointError
 from .text.configuration import KimiTextConfig
+from .vision.convert import convert_kimi_k25_vision
+
+__all__ = ["convert_kimi_k25_vision", "convert_kimi_linear", "kimi_linear_config_to_text_config"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tiktoken.model",
                    "generation_config.json", "chat_template.jinja")

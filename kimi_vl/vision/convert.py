@@ -1,0 +1,202 @@
+"""Import the vision tower (and multimodal projector) of a transformers `kimi_k25` checkpoint.
+
+Accepted sources (a directory with `config.json` + one or more `*.safetensors` shards):
+
+* `model_type == "kimi_k25"` (the full Kimi K2.5 / K2.6 model): only the vision tower and the projector are read;
+  the language model's tensors are never loaded.
+* `model_type == "kimi_k25_vision"` (a bare `Kimi_K25VisionModel`): vision tower only, no projector.
+
+Both key layouts are understood: transformers' own (`layers.N.attn.q_proj`, ...) and the released one that
+`Kimi_K25ForConditionalGeneration.save_pretrained` writes back (`vision_tower.encoder.blocks.N.wqkv` with the
+rotary q/k rows interleaved per head, `norm0/norm1`, `mlp.fc0/fc1`, `wo`, `mm_projector.proj.0/2`).
+The destination holds `config.json` (a `MoonViTConfig`), `model.safetensors` (the MoonViT weights) and, when the
+source has a projector, `projector.safetensors` (load it with `MoonViTProjector.from_pretrained`).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from ..errors import CheckpointError
+from .configuration import MoonViTConfig
+from .moonvit import MoonViTModel
+from .projector import PROJECTOR_WEIGHTS, MoonViTProjector
+
+MODEL_TYPES = ("kimi_k25", "kimi_k25_vision")
+VISION_PREFIXES = ("model.vision_tower.", "vision_tower.encoder.", "vision_tower.")
+PROJECTOR_PREFIXES = ("model.mm_projector.", "mm_projector.")
+
+# Per-block renames (the part after `layers.N.` / `blocks.N.`), transformers layout and released layout.
+BLOCK_RENAMES = {
+    "norm1": "norm1", "norm2": "norm2", "attn.proj": "attn.proj", "mlp.fc1": "mlp.fc1", "mlp.fc2": "mlp.fc2",
+}
+RELEASED_BLOCK_RENAMES = {
+    "norm0": "norm1", "norm1": "norm2", "wo": "attn.proj", "mlp.fc0": "mlp.fc1", "mlp.fc1": "mlp.fc2",
+}
+TOP_RENAMES = {
+    "patch_embed.proj": "patch_embed.proj",
+    "final_layernorm": "final_layernorm",
+}
+POS_EMB_KEYS = ("patch_embed.pos_emb.position_embeddings", "patch_embed.pos_emb.weight")
+PROJECTOR_RENAMES = {"pre_norm": "pre_norm", "in_proj": "mlp.fc1", "proj.0": "mlp.fc1",
+                     "out_proj": "mlp.fc2", "proj.2": "mlp.fc2"}
+QKV_PARTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "wqkv")
+BLOCK_KEY = re.compile(r"^(layers|blocks)\.(\d+)\.(.+)\.(weight|bias)$")
+
+
+def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
+    """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
+    config_file = src / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{config_file} not found: point convert_kimi_k25_vision at a transformers kimi_k25 "
+                              "checkpoint directory (config.json + *.safetensors).")
+    raw = json.loads(config_file.read_text())
+    model_type = raw.get("model_type")
+    if model_type not in MODEL_TYPES:
+        raise CheckpointError(f"{config_file} has model_type={model_type!r}; expected one of {MODEL_TYPES}.")
+    vision = raw if model_type == "kimi_k25_vision" else raw.get("vision_config") or {}
+    fields = {
+        "patch_size": vision.get("patch_size", 14),
+        "hidden_size": vision.get("hidden_size", 1152),
+        "num_attention_heads": vision.get("num_attention_heads", 16),
+        "num_hidden_layers": vision.get("num_hidden_layers", 27),
+        "intermediate_size": vision.get("intermediate_size", 4304),
+        "hidden_act": vision.get("hidden_act", "gelu_pytorch_tanh"),
+        "pos_emb_height": vision.get("pos_emb_height", 64),
+        "pos_emb_width": vision.get("pos_emb_width", 64),
+        "temporal_chunk_size": vision.get("pos_emb_time", 4),
+        "merge_kernel_size": vision.get("merge_kernel_size", [2, 2]),
+        "rope_theta": (vision.get("rope_parameters") or {}).get("rope_theta", 10000.0),
+    }
+    if model_type == "kimi_k25":
+        text = raw.get("text_config") or {}
+        if "hidden_size" not in text:
+            raise CheckpointError(f"{config_file}: text_config.hidden_size is missing (the projector's output width).")
+        fields["projector_out_size"] = text["hidden_size"]
+        fields["projector_layer_norm_eps"] = raw.get("projection_layer_norm_eps", 1e-5)
+        norm_size = raw.get("projection_hidden_size", fields["hidden_size"])
+        if norm_size != fields["hidden_size"]:
+            raise CheckpointError(f"{config_file}: projection_hidden_size={norm_size} differs from the vision "
+                                  f"hidden_size={fields['hidden_size']}; the projector norms each vision patch.")
+    if "dtype" in vision or "dtype" in raw:
+        fields["dtype"] = vision.get("dtype", raw.get("dtype"))
+    return MoonViTConfig(**fields), model_type
+
+
+def rope_deinterleave(tensor: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """Released q/k rows are interleaved per head (`(pair, re/im)`); transformers uses rotate-half (`(re/im, pair)`)."""
+    head_dim = tensor.shape[0] // num_heads
+    return tensor.reshape(num_heads, head_dim // 2, 2, *tensor.shape[1:]).transpose(1, 2).reshape(tensor.shape)
+
+
+def map_vision_key(key: str) -> tuple[str, str | None] | None:
+    """Our name for a vision key (prefix already stripped), or `None` for an unknown key (the caller checks
+    completeness against the model). The second item names the part of the fused `qkv` that the key holds
+    (`"attn.q_proj"`, `"attn.k_proj"`, `"attn.v_proj"` or the released fused `"wqkv"`), else `None`."""
+    if key in POS_EMB_KEYS:
+        return "patch_embed.pos_emb", None
+    for name in ("weight", "bias"):
+        for src, dst in TOP_RENAMES.items():
+            if key == f"{src}.{name}":
+                return f"{dst}.{name}", None
+    match = BLOCK_KEY.match(key)
+    if match is None:
+        return None
+    kind, index, inner, name = match.groups()
+    renames = BLOCK_RENAMES if kind == "layers" else RELEASED_BLOCK_RENAMES
+    if inner in renames:
+        return f"layers.{index}.{renames[inner]}.{name}", None
+    if inner in QKV_PARTS:
+        return f"layers.{index}.attn.qkv.{name}", inner
+    return None
+
+
+def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
+    """Convert a transformers `kimi_k25` (or `kimi_k25_vision`) checkpoint into a MoonViT directory.
+
+    Args:
+        src_dir: directory with `config.json` and `*.safetensors` (sharded or not).
+        dst_dir: output directory (created); `MoonViTModel.from_pretrained(dst_dir)` loads it, and
+            `MoonViTProjector.from_pretrained(dst_dir)` loads the projector when the source has one.
+
+    Returns:
+        `dst_dir` as a `Path`.
+
+    Raises:
+        CheckpointError: missing `config.json` or weights, a wrong `model_type`, no vision weights, or vision
+            weights that do not fill the model described by the config.
+    """
+    src, dst = Path(src_dir), Path(dst_dir)
+    config, model_type = read_source_config(src)
+    shards = sorted(src.glob("*.safetensors"))
+    if not shards:
+        raise CheckpointError(f"no *.safetensors files in {src}; only safetensors checkpoints are supported.")
+
+    vision: dict[str, torch.Tensor] = {}
+    projector: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    for shard in shards:
+        with safe_open(str(shard), framework="pt") as f:
+            for key in f.keys():
+                if model_type == "kimi_k25_vision":
+                    vision_key = key
+                else:
+                    vision_key = next((key[len(p):] for p in VISION_PREFIXES if key.startswith(p)), None)
+                if vision_key is not None:
+                    mapped = map_vision_key(vision_key)
+                    if mapped is not None and mapped[1] is None:
+                        vision[mapped[0]] = f.get_tensor(key)
+                    elif mapped is not None:
+                        qkv.setdefault(mapped[0], {})[mapped[1]] = f.get_tensor(key)
+                    continue
+                proj_key = next((key[len(p):] for p in PROJECTOR_PREFIXES if key.startswith(p)), None)
+                if proj_key is not None:
+                    stem, _, name = proj_key.rpartition(".")
+                    if stem in PROJECTOR_RENAMES:
+                        projector[f"{PROJECTOR_RENAMES[stem]}.{name}"] = f.get_tensor(key)
+
+    heads = config.num_attention_heads
+    for fused, parts in qkv.items():
+        if "wqkv" in parts:
+            q, k, v = parts["wqkv"].chunk(3, dim=0)
+            vision[fused] = torch.cat([rope_deinterleave(q, heads), rope_deinterleave(k, heads), v])
+        elif len(parts) == 3:
+            vision[fused] = torch.cat([parts["attn.q_proj"], parts["attn.k_proj"], parts["attn.v_proj"]])
+        else:
+            raise CheckpointError(f"{src}: {fused} needs q_proj, k_proj and v_proj; found only {sorted(parts)}.")
+    if not vision:
+        raise CheckpointError(f"{src} holds no vision-tower weights (expected keys under {VISION_PREFIXES}).")
+
+    check_complete(MoonViTModel, config, vision, src, "vision tower")
+    if model_type == "kimi_k25":
+        if not projector:
+            raise CheckpointError(f"{src} holds no multimodal projector weights (expected keys under "
+                                  f"{PROJECTOR_PREFIXES}).")
+        check_complete(lambda c: MoonViTProjector.from_config(c), config, projector, src, "projector")
+
+    dst.mkdir(parents=True, exist_ok=True)
+    config.architectures = [MoonViTModel.__name__]
+    config.save_pretrained(dst)
+    save_file({k: v.contiguous() for k, v in vision.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    if projector:
+        save_file({k: v.contiguous() for k, v in projector.items()}, str(dst / PROJECTOR_WEIGHTS),
+                  metadata={"format": "pt"})
+    return dst
+
+
+def check_complete(build, config: MoonViTConfig, state: dict[str, torch.Tensor], src: Path, what: str) -> None:
+    """Raise `CheckpointError` unless `state` has exactly the keys and shapes of `build(config)`."""
+    with torch.device("meta"):
+        expected = {k: v.shape for k, v in build(config).state_dict().items()}
+    missing = sorted(set(expected) - set(state))
+    unexpected = sorted(set(state) - set(expected))
+    wrong = sorted(k for k in set(expected) & set(state) if state[k].shape != expected[k])
+    if missing or unexpected or wrong:
+        raise CheckpointError(f"{src}: the {what} weights do not match its config: missing {missing[:6]}, "
+                              f"unexpected {unexpected[:6]}, wrong shape {wrong[:6]}.")

@@ -1,0 +1,330 @@
+"""Safe media I/O: images with Pillow, videos with decord.
+
+Every failure (missing file, corrupt or truncated data, zero-size image, an image over the pixel limit, a video
+without frames, a frame request the video cannot satisfy) raises `InvalidMediaError` naming the source and the
+problem. Nothing is fetched from the network: only local paths and `file://` URLs are read.
+
+Image mode rule (`to_rgb`), applied after the EXIF orientation:
+- `RGB` is kept as is.
+- Modes with an alpha band (`RGBA`, `LA`, `PA`, `RGBa`, `La`) and images carrying a `transparency` key (palette or
+  colour-keyed `L`/`RGB`) go to `RGBA` and are alpha-composited over an opaque white background.
+- Palette (`P`) images are expanded through `RGBA` and composited the same way (opaque palettes are unchanged by it).
+- 16-bit greyscale (`I;16`, `I;16L`, `I;16B`, `I;16N`) and 32-bit integer (`I`, as Pillow decodes 16-bit PNG/TIFF)
+  are clipped to [0, 65535] and scaled to 8 bits as `round(v * 255 / 65535)`, then replicated to three channels.
+- Every other mode (`L`, `1`, `CMYK`, `YCbCr`, `LAB`, `HSV`, `F`, ...) uses Pillow's own `convert("RGB")`
+  (`CMYK` is the naive, profile-free conversion; `F` is clipped to [0, 255]).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import urllib.parse
+import urllib.request
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import decord
+import numpy as np
+from PIL import Image, ImageOps
+
+from ..errors import ConfigError, InvalidMediaError
+
+DEFAULT_MAX_PIXELS = 89_478_485
+"""Largest accepted width * height of an image: Pillow's `Image.MAX_IMAGE_PIXELS` (about 9459 x 9459)."""
+
+DEFAULT_MAX_FRAMES = 512
+"""Largest number of frames `load_video` returns by default."""
+
+ImageSource = str | os.PathLike | Image.Image | np.ndarray
+VideoSource = str | os.PathLike
+
+_ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
+_WIDE_GREY_MODES = {"I;16", "I;16L", "I;16B", "I;16N", "I"}
+_DECODE_ERRORS = (OSError, SyntaxError, ValueError, EOFError, IndexError, TypeError, Image.DecompressionBombError)
+
+
+@dataclass
+class VideoFrames:
+    """Frames sampled from a video.
+
+    Attributes:
+        frames: uint8 RGB frames `[T, H, W, 3]`.
+        timestamps: presentation time in seconds of each sampled frame `[T]` (float64).
+        indices: index of each sampled frame in the decoded stream `[T]` (int64).
+        fps: the source video's average frame rate (None when the container does not state a usable one).
+        total_frames: number of frames in the source video.
+    """
+
+    frames: np.ndarray
+    timestamps: np.ndarray
+    indices: np.ndarray
+    fps: float | None
+    total_frames: int
+
+
+def _local_path(src: str | os.PathLike, kind: str) -> Path:
+    """A filesystem path from a path or a `file://` URL; other URL schemes are refused."""
+    text = os.fspath(src)
+    if isinstance(text, bytes):
+        text = os.fsdecode(text)
+    parsed = urllib.parse.urlparse(text)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise InvalidMediaError(
+                f"{kind} {text!r}: file:// URLs must point to this machine (got host {parsed.netloc!r}); "
+                "copy the file locally and pass its path."
+            )
+        path = Path(urllib.request.url2pathname(parsed.path))
+    elif parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive letter
+        raise InvalidMediaError(
+            f"{kind} {text!r}: only local paths and file:// URLs are read (no network access); "
+            "download the file first and pass its path."
+        )
+    else:
+        path = Path(text)
+    if not path.is_file():
+        problem = "is a directory, not a file" if path.is_dir() else "does not exist"
+        raise InvalidMediaError(f"{kind} file {str(path)!r} {problem}; check the path.")
+    if path.stat().st_size == 0:
+        raise InvalidMediaError(f"{kind} file {str(path)!r} is empty (0 bytes); re-export or re-download it.")
+    return path
+
+
+def _check_pixels(name: str, width: int, height: int, max_pixels: int) -> None:
+    if width <= 0 or height <= 0:
+        raise InvalidMediaError(f"image {name} has zero size ({width}x{height}); pass a non-empty image.")
+    if width * height > max_pixels:
+        raise InvalidMediaError(
+            f"image {name} is {width}x{height} = {width * height:,} pixels, over the limit of {max_pixels:,} "
+            "(refused before decoding); downscale it or pass a larger `max_pixels` if the file is trusted."
+        )
+
+
+def to_rgb(image: Image.Image) -> Image.Image:
+    """Convert a decoded Pillow image of any mode to `RGB` by the module's mode rule (see the module docstring)."""
+    mode = image.mode
+    if mode == "RGB":
+        return image
+    if mode in _ALPHA_MODES or mode == "P" or "transparency" in image.info:
+        rgba = image.convert("RGBA")
+        white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(white, rgba).convert("RGB")
+    if mode in _WIDE_GREY_MODES:
+        wide = np.clip(np.asarray(image).astype(np.int64), 0, 65535)
+        grey = ((wide * 255 + 32767) // 65535).astype(np.uint8)
+        return Image.fromarray(grey, mode="L").convert("RGB")
+    return image.convert("RGB")
+
+
+def _array_to_image(array: np.ndarray) -> Image.Image:
+    if array.dtype != np.uint8:
+        raise InvalidMediaError(
+            f"image array of dtype {array.dtype} is not supported; pass uint8 pixels (0..255), "
+            "e.g. `array.astype(np.uint8)` after scaling."
+        )
+    shape = tuple(array.shape)
+    if array.ndim == 3 and shape[2] == 1:
+        array = array[:, :, 0]
+    if array.ndim == 2:
+        mode = "L"
+    elif array.ndim == 3 and shape[2] in (3, 4):
+        mode = "RGB" if shape[2] == 3 else "RGBA"
+    else:
+        raise InvalidMediaError(
+            f"image array of shape {shape} is not an image; pass [H, W] greyscale or [H, W, C] with C in 1, 3, 4."
+        )
+    if array.shape[0] == 0 or array.shape[1] == 0:
+        raise InvalidMediaError(f"image array of shape {shape} has zero size; pass a non-empty image.")
+    return Image.fromarray(np.ascontiguousarray(array), mode=mode)
+
+
+def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
+    """Read an image and return it as a decoded `RGB` Pillow image with its EXIF orientation applied.
+
+    Args:
+        src: a path (str or `os.PathLike`), a `file://` URL, a Pillow image, or a uint8 numpy array
+            `[H, W]`, `[H, W, 1]`, `[H, W, 3]` or `[H, W, 4]` (RGBA).
+        max_pixels: largest accepted width * height. Files are measured from their header, before any pixel data
+            is decoded.
+
+    Raises:
+        InvalidMediaError: missing file, non-local URL, unreadable / corrupt / truncated data, zero size, over
+            `max_pixels`, or an array of unsupported shape or dtype.
+    """
+    if isinstance(src, np.ndarray):
+        image = _array_to_image(src)
+        name = f"<array {tuple(src.shape)}>"
+    elif isinstance(src, Image.Image):
+        image = src
+        name = f"<PIL image {src.mode} {src.size}>"
+    elif isinstance(src, (str, os.PathLike)):
+        path = _local_path(src, "image")
+        name = repr(str(path))
+        try:
+            with warnings.catch_warnings():  # the pixel limit below replaces Pillow's bomb warning
+                warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+                image = Image.open(path)  # lazy: reads the header only
+        except Image.DecompressionBombError as exc:
+            raise InvalidMediaError(
+                f"image {name} is over Pillow's decompression-bomb limit ({exc}); downscale it first."
+            ) from exc
+        except _DECODE_ERRORS as exc:
+            raise InvalidMediaError(
+                f"image {name} cannot be read as an image ({type(exc).__name__}: {exc}); "
+                "check that the file is a valid, complete image."
+            ) from exc
+    else:
+        raise InvalidMediaError(
+            f"cannot read an image from a {type(src).__name__}; pass a path, a file:// URL, a PIL image, "
+            "or a uint8 numpy array."
+        )
+
+    width, height = image.size
+    _check_pixels(name, width, height, max_pixels)
+    try:
+        image.load()
+        image = ImageOps.exif_transpose(image)
+        return to_rgb(image)
+    except _DECODE_ERRORS as exc:
+        raise InvalidMediaError(
+            f"image {name} is corrupt or truncated ({type(exc).__name__}: {exc}); re-export or re-download it."
+        ) from exc
+
+
+def sample_frame_indices(
+    total_frames: int,
+    *,
+    source_fps: float | None,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    max_frames: int | None = None,
+) -> np.ndarray:
+    """Indices `[n]` of the frames to keep, uniformly spaced: `floor(i * total_frames / n)` for `i < n`.
+
+    `n` is `num_frames` when given (it wins over `fps`); otherwise `max(1, int(duration * fps))` with
+    `duration = total_frames / source_fps`, capped at `total_frames` (a target fps above the source fps keeps every
+    frame once, nothing is duplicated); with neither, every frame is kept. If `n` then exceeds `max_frames`, `n`
+    becomes `max_frames` (the effective rate is lower; the frames stay uniformly spaced over the whole video).
+
+    Raises:
+        InvalidMediaError: `num_frames` exceeds `total_frames`, or `fps` sampling is asked without a `source_fps`.
+        ConfigError: `num_frames`, `fps` or `max_frames` not positive, or `num_frames > max_frames`.
+    """
+    if max_frames is not None and max_frames <= 0:
+        raise ConfigError(f"max_frames must be positive, got {max_frames}.")
+    if num_frames is not None:
+        if num_frames <= 0:
+            raise ConfigError(f"num_frames must be positive, got {num_frames}.")
+        if max_frames is not None and num_frames > max_frames:
+            raise ConfigError(
+                f"num_frames={num_frames} exceeds max_frames={max_frames}; raise max_frames or ask fewer."
+            )
+        if num_frames > total_frames:
+            raise InvalidMediaError(
+                f"{num_frames} frames requested but the video has only {total_frames}; "
+                f"ask for at most {total_frames} frames or sample by fps."
+            )
+        n = num_frames
+    elif fps is not None:
+        if fps <= 0:
+            raise ConfigError(f"fps must be positive, got {fps}.")
+        if not source_fps:
+            raise InvalidMediaError(
+                "sampling by fps needs the source frame rate, which is unknown for this video; "
+                "pass it in the video metadata, sample by num_frames, or disable frame sampling."
+            )
+        n = min(total_frames, max(1, int(total_frames / source_fps * fps)))
+    else:
+        n = total_frames
+    if max_frames is not None:
+        n = min(n, max_frames)
+    return np.arange(n, dtype=np.int64) * total_frames // n
+
+
+def _decode_frames(reader: Any, indices: list[int]) -> np.ndarray:
+    """Frames `[T, H, W, 3]` uint8 at `indices`.
+
+    decord 0.6 mis-sizes frames whose RGB row (3 * width bytes) is padded by FFmpeg (e.g. widths 16 and 48): its
+    batch copy then fails and single frames come back as `[H, W, row_bytes / W]`. Those are read one by one and the
+    first `3 * W` bytes of each row kept.
+    """
+    try:
+        return reader.get_batch(indices).asnumpy()
+    except decord.DECORDError:
+        frames = []
+        for i in indices:
+            frame = reader[i].asnumpy()
+            h, w = frame.shape[:2]
+            frames.append(frame.reshape(h, -1)[:, : 3 * w].reshape(h, w, 3))
+        return np.stack(frames)
+
+
+def load_video(
+    src: VideoSource,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    max_frames: int = DEFAULT_MAX_FRAMES,
+) -> VideoFrames:
+    """Decode a video with decord (CPU) and sample frames uniformly by a target fps or by a frame count.
+
+    Sampling rule (`sample_frame_indices`): `num_frames` (wins over `fps`) picks that many uniformly spaced frames;
+    `fps` picks `int(duration * fps)` (at least 1, at most every frame once); neither keeps every frame. When that
+    would exceed `max_frames`, `max_frames` uniformly spaced frames are taken instead (the effective rate is then
+    lower; the returned timestamps show it). Asking `num_frames` beyond the video's frame count is an error
+    (`InvalidMediaError`), never padded, repeated or clamped.
+
+    Args:
+        src: a path or a `file://` URL of a local video file.
+        fps: target frames per second.
+        num_frames: exact number of frames; must not exceed the video's frame count nor `max_frames`.
+        max_frames: upper bound on returned frames.
+
+    Returns:
+        `VideoFrames` with frames `[T, H, W, 3]` uint8 and the source timestamps (seconds) of each frame.
+
+    Raises:
+        InvalidMediaError: missing file, undecodable / corrupt file, a video without frames, or more frames requested
+            than exist.
+        ConfigError: `max_frames`, `num_frames` or `fps` not positive, or `num_frames > max_frames`.
+    """
+    path = _local_path(src, "video")
+    name = repr(str(path))
+    try:
+        reader = decord.VideoReader(str(path), ctx=decord.cpu(0))
+        total = len(reader)
+        source_fps: float | None = float(reader.get_avg_fps())
+    except (decord.DECORDError, RuntimeError, OSError, ValueError) as exc:
+        detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        if "video stream" in detail:  # decord's message for a container without (decodable) video frames
+            raise InvalidMediaError(
+                f"video {name} has no decodable video frames (no video track, an empty one, or a truncated file); "
+                "pass a complete file with at least one video frame."
+            ) from exc
+        raise InvalidMediaError(
+            f"video {name} cannot be decoded ({detail}); check that it is a complete video file FFmpeg can read."
+        ) from exc
+    if total <= 0:
+        raise InvalidMediaError(f"video {name} contains no frames; pass a video with at least one frame.")
+    if not (source_fps is not None and math.isfinite(source_fps) and source_fps > 0):
+        source_fps = None
+    try:
+        indices = sample_frame_indices(
+            total, source_fps=source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames
+        )
+    except InvalidMediaError as exc:
+        raise InvalidMediaError(f"video {name}: {exc}") from exc
+    try:
+        frames = _decode_frames(reader, indices.tolist())
+        timestamps = reader.get_frame_timestamp(indices.tolist())[:, 0].astype(np.float64)
+    except (decord.DECORDError, RuntimeError, OSError, ValueError, IndexError) as exc:
+        raise InvalidMediaError(
+            f"video {name} is corrupt: some of its {total} frames cannot be decoded ({type(exc).__name__}); "
+            "re-encode the file (e.g. with ffmpeg) and try again."
+        ) from exc
+    return VideoFrames(
+        frames=np.ascontiguousarray(frames), timestamps=timestamps, indices=indices, fps=source_fps, total_frames=total
+    )

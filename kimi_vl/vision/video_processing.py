@@ -1,0 +1,180 @@
+"""`MoonViTVideoProcessor`: videos -> per-frame 14x14 patches grouped in temporal chunks for MoonViT-3D.
+
+Frames: a video file (path or `file://` URL) is read with decord through `media.load_video`, sampling by
+`num_frames` (uniform; wins over `fps`) or by `fps` (default 2 frames per second), at most `max_frames` frames;
+`do_sample_frames=False` keeps every frame (still at most `max_frames`). Decoded frames (a `[T, H, W, 3]` /
+`[T, 3, H, W]` array or tensor, or a list of frames) are sampled the same way from `video_metadata`
+(`total_num_frames`, `fps`) when `do_sample_frames` is on; sampling by fps then needs the metadata's `fps`.
+
+Each frame is resized and padded exactly like an image (`image_processing.fit_to_patch_budget`, default budget
+4096 patches per frame), normalised and patchified. The frames of a video are split into chunks of
+`temporal_patch_size` (4) consecutive frames (the last chunk may be shorter); the model mean-pools each chunk over
+time after the 2x2 merge, so each chunk costs `grid_h * grid_w / merge**2` placeholder tokens.
+
+Outputs (transformers' key names): `pixel_values_videos` `[sum_v T_v * h_v * w_v, 3, 14, 14]` (frames in order,
+patches row-major in each frame), `video_grid_thw` `[total_chunks, 3]` rows `(frames_in_chunk, h, w)`,
+`num_chunks_per_video` (one count per video), and `video_metadata` with `return_metadata=True`. The settings and
+results are those of transformers' `Kimi_K25VideoProcessor` (the parity target).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from transformers.image_processing_utils import BatchFeature
+from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_STD, PILImageResampling, SizeDict
+from transformers.processing_utils import VideosKwargs
+from transformers.utils import TensorType
+from transformers.video_processing_utils import BaseVideoProcessor
+from transformers.video_utils import VideoMetadata
+
+from .image_processing import check_square_size, patch_grid, patchify, resize_and_pad
+from .media import DEFAULT_MAX_FRAMES, load_video, sample_frame_indices
+
+
+class MoonViTVideoProcessorKwargs(VideosKwargs, total=False):
+    """Extra settings: `max_patches` (per frame), `patch_size`, `merge_size`, `temporal_patch_size` (frames per
+    chunk), `max_frames` (upper bound on sampled frames)."""
+
+    max_patches: int
+    patch_size: int
+    merge_size: int
+    temporal_patch_size: int
+    max_frames: int
+
+
+def _is_file_input(videos: Any) -> bool:
+    if isinstance(videos, (list, tuple)):
+        return len(videos) > 0 and all(isinstance(v, (str, os.PathLike)) for v in videos)
+    return isinstance(videos, (str, os.PathLike))
+
+
+class MoonViTVideoProcessor(BaseVideoProcessor):
+    """Video processor of MoonViT-3D (same settings and outputs as `Kimi_K25VideoProcessor`, see module docstring)."""
+
+    resample = PILImageResampling.BICUBIC
+    size = {"max_height": 512, "max_width": 512}
+    image_mean = IMAGENET_STANDARD_MEAN
+    image_std = IMAGENET_STANDARD_STD
+    do_resize = True
+    do_rescale = True
+    do_normalize = True
+    do_convert_rgb = True
+    patch_size = 14
+    temporal_patch_size = 4
+    merge_size = 2
+    max_patches = 4096
+    fps = 2
+    max_frames = DEFAULT_MAX_FRAMES
+    do_sample_frames = True
+    valid_kwargs = MoonViTVideoProcessorKwargs
+    model_input_names = ["pixel_values_videos", "video_grid_thw", "num_chunks_per_video"]
+
+    def preprocess(self, videos: Any, **kwargs: Any) -> BatchFeature:
+        """Process one video or a list of videos: file paths / `file://` URLs, or decoded frames."""
+        if _is_file_input(videos):
+            videos, kwargs["video_metadata"] = self._read_files(videos, kwargs)
+            kwargs["do_sample_frames"] = False  # sampled while decoding
+        return super().preprocess(videos, **kwargs)
+
+    def _read_files(self, sources: Any, kwargs: dict) -> tuple[list[np.ndarray], list[VideoMetadata]]:
+        """Decode and sample each file with decord; returns frames `[T, H, W, 3]` and metadata per video."""
+        setting = {k: kwargs.get(k, getattr(self, k)) for k in ("do_sample_frames", "fps", "num_frames", "max_frames")}
+        sample = setting["do_sample_frames"]
+        frames, metadata = [], []
+        for src in [sources] if isinstance(sources, (str, os.PathLike)) else sources:
+            clip = load_video(
+                src,
+                fps=setting["fps"] if sample else None,
+                num_frames=setting["num_frames"] if sample else None,
+                max_frames=setting["max_frames"],
+            )
+            frames.append(clip.frames)
+            metadata.append(
+                VideoMetadata(
+                    total_num_frames=clip.total_frames,
+                    fps=clip.fps,
+                    height=clip.frames.shape[1],
+                    width=clip.frames.shape[2],
+                    duration=clip.total_frames / clip.fps if clip.fps else None,
+                    video_backend="decord",
+                    frames_indices=clip.indices.tolist(),
+                )
+            )
+        return frames, metadata
+
+    def sample_frames(
+        self,
+        metadata: VideoMetadata,
+        num_frames: int | None = None,
+        fps: float | None = None,
+        max_frames: int | None = None,
+        **kwargs: Any,
+    ) -> np.ndarray:
+        """Indices of decoded frames to keep (`media.sample_frame_indices`; `num_frames` wins over `fps`)."""
+        return sample_frame_indices(
+            metadata.total_num_frames, source_fps=metadata.fps, fps=fps, num_frames=num_frames, max_frames=max_frames
+        )
+
+    def _validate_preprocess_kwargs(self, size: SizeDict | None = None, **kwargs: Any) -> None:
+        check_square_size(size)
+        super()._validate_preprocess_kwargs(size=size, **kwargs)
+
+    def _preprocess(
+        self,
+        videos: list[torch.Tensor],
+        do_resize: bool,
+        size: SizeDict,
+        resample: PILImageResampling | int | None,
+        do_rescale: bool,
+        rescale_factor: float,
+        do_normalize: bool,
+        image_mean: float | tuple[float, ...] | None,
+        image_std: float | tuple[float, ...] | None,
+        patch_size: int,
+        temporal_patch_size: int,
+        merge_size: int,
+        max_patches: int,
+        return_tensors: str | TensorType | None = None,
+        **kwargs: Any,
+    ) -> BatchFeature:
+        """`videos`: list of uint8 `[T, 3, H, W]` -> `pixel_values_videos`, `video_grid_thw`, `num_chunks_per_video`."""
+        patches, grids, chunks = [], [], []
+        for video in videos:
+            video = resize_and_pad(self, video, do_resize, size, resample, patch_size, merge_size, max_patches)
+            video = self.rescale_and_normalize(video, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
+            num_frames, grid_h, grid_w = video.shape[0], video.shape[-2] // patch_size, video.shape[-1] // patch_size
+            patches.append(patchify(video, patch_size))
+            starts = range(0, num_frames, temporal_patch_size)
+            grids.extend([min(temporal_patch_size, num_frames - s), grid_h, grid_w] for s in starts)
+            chunks.append(len(starts))
+        return BatchFeature(
+            data={
+                "pixel_values_videos": torch.cat(patches),
+                "video_grid_thw": torch.tensor(grids, dtype=torch.long),
+                "num_chunks_per_video": chunks,
+            },
+            tensor_type=return_tensors,
+        )
+
+    def get_num_of_video_patches(
+        self, num_frames: int, height: int, width: int, videos_kwargs: dict | None = None
+    ) -> int:
+        """Patches (before merging) of `num_frames` frames of `height x width`; `videos_kwargs` overrides settings."""
+        grid_h, grid_w = patch_grid(self, height, width, videos_kwargs)
+        return num_frames * grid_h * grid_w
+
+    def get_num_video_tokens(self, num_frames: int, height: int, width: int, videos_kwargs: dict | None = None) -> int:
+        """Placeholder tokens of a video: `ceil(num_frames / temporal_patch_size) * grid_h * grid_w / merge**2`."""
+        overrides = videos_kwargs or {}
+        merge = overrides.get("merge_size", self.merge_size)
+        chunks = math.ceil(num_frames / overrides.get("temporal_patch_size", self.temporal_patch_size))
+        per_frame = self.get_num_of_video_patches(num_frames, height, width, videos_kwargs) // num_frames
+        return chunks * per_frame // merge**2
+
+
+__all__ = ["MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs"]
