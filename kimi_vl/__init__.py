@@ -1,12 +1,21 @@
 """kimi-vl: Kimi-style early-fusion vision-text models.
 
 Importing the package registers the Auto classes (`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`,
-`AutoImageProcessor`, `AutoVideoProcessor`).
+`AutoModelForImageTextToText`, `AutoImageProcessor`, `AutoVideoProcessor`).
 """
 
-from transformers import AutoConfig, AutoImageProcessor, AutoModel, AutoModelForCausalLM, AutoVideoProcessor
+from transformers import (
+    AutoConfig,
+    AutoImageProcessor,
+    AutoModel,
+    AutoModelForCausalLM,
+    AutoModelForImageTextToText,
+    AutoVideoProcessor,
+)
 
+from .configuration import KimiVLConfig
 from .errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError, ShapeError
+from .modeling import KimiVLForConditionalGeneration
 from .text import KimiTextConfig, KimiTextForCausalLM, KimiTextModel
 from .vision import MoonViTConfig, MoonViTImageProcessor, MoonViTModel, MoonViTVideoProcessor
 
@@ -17,6 +26,8 @@ AutoConfig.register(MoonViTConfig.model_type, MoonViTConfig, exist_ok=True)
 AutoModel.register(MoonViTConfig, MoonViTModel, exist_ok=True)
 AutoImageProcessor.register(MoonViTConfig, fast_image_processor_class=MoonViTImageProcessor, exist_ok=True)
 AutoVideoProcessor.register(MoonViTConfig, MoonViTVideoProcessor, exist_ok=True)
+AutoConfig.register(KimiVLConfig.model_type, KimiVLConfig, exist_ok=True)
+AutoModelForImageTextToText.register(KimiVLConfig, KimiVLForConditionalGeneration, exist_ok=True)
 
 __version__ = "0.1.0"
 
@@ -25,6 +36,8 @@ __all__ = [
     "ConfigError",
     "InvalidMediaError",
     "KimiTextConfig",
+    "KimiVLConfig",
+    "KimiVLForConditionalGeneration",
     "KimiTextForCausalLM",
     "KimiTextModel",
     "KimiVLError",

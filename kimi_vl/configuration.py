@@ -1,0 +1,56 @@
+"""`KimiVLConfig`: the early-fusion model = MoonViT-3D vision config + Kimi text config + fusion fields."""
+
+from __future__ import annotations
+
+from transformers import PretrainedConfig
+
+from .errors import ConfigError
+from .text.configuration import KimiTextConfig
+from .vision.configuration import MoonViTConfig
+
+
+class KimiVLConfig(PretrainedConfig):
+    r"""Configuration of `KimiVLForConditionalGeneration` (model_type `kimi_vl`).
+
+    Args:
+        vision_config: a `MoonViTConfig` (or its dict).
+        text_config: a `KimiTextConfig` (or its dict).
+        image_token_id: id of `<|media_pad|>`, the placeholder each merged image token replaces.
+        video_token_id: id of the video placeholder, one per merged token of each video chunk.
+        projector_layer_norm_eps: eps of the projector's LayerNorm over each patch.
+    """
+
+    model_type = "kimi_vl"
+    sub_configs = {"vision_config": MoonViTConfig, "text_config": KimiTextConfig}
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    def __init__(
+        self,
+        vision_config: MoonViTConfig | dict | None = None,
+        text_config: KimiTextConfig | dict | None = None,
+        image_token_id: int = 163605,
+        video_token_id: int = 163606,
+        projector_layer_norm_eps: float = 1e-5,
+        **kwargs,
+    ):
+        if isinstance(vision_config, dict):
+            vision_config = MoonViTConfig(**{k: v for k, v in vision_config.items() if k != "model_type"})
+        if isinstance(text_config, dict):
+            text_config = KimiTextConfig(**{k: v for k, v in text_config.items() if k != "model_type"})
+        self.vision_config = vision_config if vision_config is not None else MoonViTConfig()
+        self.text_config = text_config if text_config is not None else KimiTextConfig()
+        self.image_token_id = image_token_id
+        self.video_token_id = video_token_id
+        self.projector_layer_norm_eps = projector_layer_norm_eps
+        kwargs.setdefault("tie_word_embeddings", self.text_config.tie_word_embeddings)
+        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
+            kwargs.setdefault(name, getattr(self.text_config, name))
+        super().__init__(**kwargs)
+        vocab = self.text_config.vocab_size
+        for name in ("image_token_id", "video_token_id"):
+            if not 0 <= getattr(self, name) < vocab:
+                raise ConfigError(f"{name}={getattr(self, name)} is outside the text vocabulary (size {vocab}); use "
+                                  "the tokenizer's id of the placeholder token.")
+        if image_token_id == video_token_id:
+            raise ConfigError("image_token_id and video_token_id must differ (images and videos are scattered "
+                              "separately).")

@@ -1,0 +1,149 @@
+"""The early-fusion model: media scattered into the shared sequence, batching, generation, round trip."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from kimi_vl.configuration import KimiVLConfig
+from kimi_vl.errors import InvalidMediaError
+from kimi_vl.modeling import KimiVLForConditionalGeneration
+from kimi_vl.text import KimiTextConfig
+from kimi_vl.vision import MoonViTConfig
+
+IMG, VID, PAD = 70, 71, 0
+
+
+def tiny_vl(seed: int = 0) -> KimiVLForConditionalGeneration:
+    torch.manual_seed(seed)
+    text = KimiTextConfig(
+        vocab_size=80, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=2, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, num_experts=4,
+        num_experts_per_tok=2, kda_head_dim=8, kda_num_heads=2, pad_token_id=PAD, bos_token_id=1, eos_token_id=2,
+    )
+    vision = MoonViTConfig(hidden_size=24, num_attention_heads=2, num_hidden_layers=2, intermediate_size=32,
+                           pos_emb_height=8, pos_emb_width=8)
+    model = KimiVLForConditionalGeneration(
+        KimiVLConfig(vision_config=vision, text_config=text, image_token_id=IMG, video_token_id=VID)
+    ).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim >= 2 and "conv" not in name:
+                p.normal_(0, 0.2)
+    return model
+
+
+def image(h: int, w: int) -> tuple[torch.Tensor, list[int]]:
+    """Random pixels for an `h x w`-patch image and its grid row."""
+    return torch.randn(h * w, 3, 14, 14), [1, h, w]
+
+
+def sample(text_before: list[int], grids: list[list[int]], text_after: list[int], token=IMG) -> list[int]:
+    ids = list(text_before)
+    for _, h, w in grids:
+        ids += [token] * (h * w // 4) + [5]
+    return ids + list(text_after)
+
+
+@torch.no_grad()
+def test_logits_equal_manual_scatter_and_backbone():
+    model = tiny_vl()
+    (pa, ga), (pb, gb) = image(4, 4), image(2, 6)
+    ids = torch.tensor([sample([3, 4], [ga, gb], [6, 7, 8])])
+    got = model(ids, pixel_values=torch.cat([pa, pb]), image_grid_thw=torch.tensor([ga, gb])).logits
+
+    merged = model.vision_tower(torch.cat([pa, pb]), torch.tensor([ga, gb])).pooler_output
+    feats = model.multi_modal_projector(merged)
+    embeds = model.get_input_embeddings()(ids).clone()
+    embeds[ids == IMG] = feats
+    ref = model.language_model(inputs_embeds=embeds).logits
+    assert torch.allclose(got, ref, atol=1e-6)
+    text_only = model(ids.masked_fill(ids == IMG, 9)).logits
+    assert (got - text_only).abs().max() > 1e-2  # the media matter
+
+
+def test_placeholder_media_mismatch_names_both_counts():
+    model = tiny_vl()
+    p, g = image(4, 4)
+    ids = torch.tensor([sample([3], [g], [6])[:-3]])  # one placeholder too few
+    with pytest.raises(InvalidMediaError, match=r"3 image placeholder tokens.*4 image tokens"):
+        model(ids, pixel_values=p, image_grid_thw=torch.tensor([g]))
+    with pytest.raises(InvalidMediaError, match="0 image placeholder"):
+        model(torch.tensor([[3, 4, 5]]), pixel_values=p, image_grid_thw=torch.tensor([g]))
+
+
+def _left_pad(rows: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(map(len, rows))
+    ids = torch.tensor([[PAD] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids, mask
+
+
+@torch.no_grad()
+def test_batch_with_0_1_and_3_media_equals_each_sample_alone():
+    model = tiny_vl()
+    media = [[], [image(2, 2)], [image(4, 2), image(2, 4), image(2, 2)]]
+    rows = [sample([3, 4, 5], [g for _, g in m], [6, 7]) for m in media]
+    ids, mask = _left_pad(rows)
+    pixels = torch.cat([p for m in media for p, _ in m])
+    grids = torch.tensor([g for m in media for _, g in m])
+    batched = model(ids, attention_mask=mask, pixel_values=pixels, image_grid_thw=grids).logits
+    for i, m in enumerate(media):
+        kw = {}
+        if m:
+            kw = dict(pixel_values=torch.cat([p for p, _ in m]), image_grid_thw=torch.tensor([g for _, g in m]))
+        alone = model(torch.tensor([rows[i]]), **kw).logits[0]
+        assert (batched[i, -len(rows[i]):] - alone).abs().max() < 1e-4
+
+    kw = dict(attention_mask=mask, pixel_values=pixels, image_grid_thw=grids, max_new_tokens=8, do_sample=False,
+              pad_token_id=PAD, eos_token_id=None)
+    out = model.generate(ids, **kw)
+    for i, m in enumerate(media):
+        one = {}
+        if m:
+            one = dict(pixel_values=torch.cat([p for p, _ in m]), image_grid_thw=torch.tensor([g for _, g in m]))
+        alone = model.generate(torch.tensor([rows[i]]), max_new_tokens=8, do_sample=False, pad_token_id=PAD,
+                               eos_token_id=None, **one)
+        assert torch.equal(out[i, -alone.shape[1]:], alone[0])
+
+
+@torch.no_grad()
+def test_video_and_image_in_one_prompt_with_cache():
+    model = tiny_vl()
+    pi, gi = image(2, 4)
+    pv = torch.randn(2 * 4 * 4 + 4 * 4, 3, 14, 14)  # an 8-frame... as two chunks: t=2 and t=1 at 4x4
+    gv = [[2, 4, 4], [1, 4, 4]]
+    ids = sample([3], [gi], [4]) + sample([], gv, [6, 7], token=VID)
+    ids = torch.tensor([ids])
+    kw = dict(pixel_values=pi, image_grid_thw=torch.tensor([gi]), pixel_values_videos=pv,
+              video_grid_thw=torch.tensor(gv))
+    full = model(ids, use_cache=False, **kw).logits
+    assert (full - model(ids.masked_fill(ids == VID, 9), pixel_values=pi, image_grid_thw=torch.tensor([gi]))
+            .logits).abs().max() > 1e-2
+    out = model(ids[:, :-2], use_cache=True, **kw)
+    cache = out.past_key_values
+    for t in (ids.shape[1] - 2, ids.shape[1] - 1):  # decode steps carry no pixels
+        step = model(ids[:, t : t + 1], past_key_values=cache).logits
+        assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
+
+
+def test_save_and_reload_in_a_fresh_process(tmp_path):
+    model = tiny_vl()
+    model.save_pretrained(tmp_path)
+    p, g = image(2, 2)
+    ids = torch.tensor([sample([3], [g], [4, 5])])
+    torch.save({"ids": ids, "p": p, "g": torch.tensor([g])}, tmp_path / "inputs.pt")
+    with torch.no_grad():
+        ref = model(ids, pixel_values=p, image_grid_thw=torch.tensor([g])).logits
+    code = (
+        "import sys, torch, kimi_vl\n"
+        "from transformers import AutoModelForImageTextToText\n"
+        f"d = {str(tmp_path)!r}\n"
+        "m = AutoModelForImageTextToText.from_pretrained(d).eval()\n"
+        "x = torch.load(d + '/inputs.pt')\n"
+        "with torch.no_grad():\n"
+        "    torch.save(m(x['ids'], pixel_values=x['p'], image_grid_thw=x['g']).logits, d + '/out.pt')\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
+    assert (torch.load(tmp_path / "out.pt") - ref).abs().max() < 1e-5  # a fresh process: same up to float rounding
