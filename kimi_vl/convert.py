@@ -27,7 +27,7 @@ from .errors import CheckpointError
 from .text.configuration import KimiTextConfig
 from .vision.convert import convert_kimi_k25_vision
 
-__all__ = ["convert_kimi_k25_vision", "convert_kimi_linear", "kimi_linear_config_to_text_config"]
+__all__ = ["assemble_kimi_vl", "convert_kimi_k25_vision", "convert_kimi_linear", "kimi_linear_config_to_text_config"]
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tiktoken.model",
                    "generation_config.json", "chat_template.jinja")
@@ -224,3 +224,37 @@ def _write_shards(shards: list[dict[str, torch.Tensor]], dst: Path) -> None:
             total += t.numel() * t.element_size()
     index = {"metadata": {"total_size": total}, "weight_map": weight_map}
     (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+
+
+def assemble_kimi_vl(
+    vision_dir: str | Path,
+    text: str | Path | KimiTextConfig,
+    *,
+    image_token_id: int,
+    video_token_id: int,
+):
+    """A `KimiVLForConditionalGeneration` from a converted MoonViT directory (`convert_kimi_k25_vision`: tower and
+    projector) and a text backbone: a `kimi_vl_text` checkpoint directory (e.g. from `convert_kimi_linear`) or a
+    `KimiTextConfig` for a freshly initialised one. Save the result with `save_pretrained`."""
+    from .configuration import KimiVLConfig
+    from .modeling import KimiVLForConditionalGeneration
+    from .text import KimiTextForCausalLM
+    from .vision import MoonViTModel, MoonViTProjector
+
+    vision = MoonViTModel.from_pretrained(vision_dir)
+    projector = MoonViTProjector.from_pretrained(vision_dir)
+    language = None if isinstance(text, KimiTextConfig) else KimiTextForCausalLM.from_pretrained(text)
+    text_config = text if language is None else language.config
+    if projector.mlp.fc2.out_features != text_config.hidden_size:
+        raise CheckpointError(
+            f"the projector outputs {projector.mlp.fc2.out_features} features but the text model's hidden size is "
+            f"{text_config.hidden_size}; pair the vision tower with the language model it was trained for."
+        )
+    config = KimiVLConfig(vision_config=vision.config, text_config=text_config, image_token_id=image_token_id,
+                          video_token_id=video_token_id)
+    model = KimiVLForConditionalGeneration(config)
+    model.vision_tower.load_state_dict(vision.state_dict())
+    model.multi_modal_projector.load_state_dict(projector.state_dict())
+    if language is not None:
+        model.language_model.load_state_dict(language.state_dict())
+    return model

@@ -147,3 +147,27 @@ def test_save_and_reload_in_a_fresh_process(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     assert (torch.load(tmp_path / "out.pt") - ref).abs().max() < 1e-5  # a fresh process: same up to float rounding
+
+
+def test_imported_kimi_k25_vision_gives_transformers_media_embeddings(tmp_path):
+    from transformers.models.kimi_k25 import configuration_kimi_k25 as hf_config
+    from transformers.models.kimi_k25 import modeling_kimi_k25 as hf_model
+
+    from kimi_vl.convert import assemble_kimi_vl, convert_kimi_k25_vision
+    from tests.vision.test_moonvit import TEXT, VISION, pixels, randomise
+
+    config = hf_config.Kimi_K25Config(text_config=TEXT, vision_config=VISION, projection_hidden_size=64)
+    config.vision_config._attn_implementation = "sdpa"
+    reference = hf_model.Kimi_K25ForConditionalGeneration(config).eval()
+    randomise(reference)
+    reference.save_pretrained(tmp_path / "k25")
+    convert_kimi_k25_vision(tmp_path / "k25", tmp_path / "moonvit")
+    text = tiny_vl().config.text_config
+    text.hidden_size = TEXT["hidden_size"]  # the projector's output width
+    model = assemble_kimi_vl(tmp_path / "moonvit", text, image_token_id=IMG, video_token_id=VID).eval()
+    grids = [[1, 4, 6], [1, 2, 2], [1, 10, 12]]
+    px = pixels(grids)
+    with torch.no_grad():
+        ref = torch.cat(reference.get_image_features(px, torch.tensor(grids)).pooler_output)
+        got = model.get_image_features(px, torch.tensor(grids))
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
