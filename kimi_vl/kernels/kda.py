@@ -15,8 +15,14 @@ Three implementations share this contract:
 * :func:`chunk_kda` - the chunked WY/UT-transform algorithm (chunk 64, sub-chunk 16) for prefill/training.
 
 All compute in float32 (float64 inputs stay float64), return ``o`` in the dtype of ``q`` and the final
-state in the compute dtype. ``KIMI_VL_KERNELS=reference`` routes ``chunk_kda`` and ``fused_recurrent_kda``
-to the naive reference.
+state in the compute dtype.
+
+Dispatch of :func:`chunk_kda` and :func:`fused_recurrent_kda`: CUDA tensors use the Triton kernels
+(:mod:`kimi_vl.kernels.kda_triton`), CPU tensors the torch paths (:func:`chunk_kda_torch`,
+:func:`fused_recurrent_kda_torch`). ``KIMI_VL_KERNELS=reference|torch|triton`` forces a path: ``reference``
+is the naive token loop; ``triton`` on CPU runs the kernels through the Triton interpreter (needs
+``TRITON_INTERPRET=1`` before triton is imported). The Triton path falls back to torch for float64 inputs,
+and ``fused_recurrent_kda`` (forward-only kernel) also when an input requires grad.
 """
 
 from __future__ import annotations
@@ -37,8 +43,29 @@ L2_EPS = 1e-6
 _Out = tuple[torch.Tensor, torch.Tensor | None]
 
 
+BACKENDS = ("reference", "torch", "triton")
+
+
+def _backend(x: torch.Tensor) -> str:
+    """The KDA path for tensors like ``x``: ``KIMI_VL_KERNELS`` if set, else triton on CUDA and torch on CPU."""
+    mode = os.environ.get("KIMI_VL_KERNELS", "").strip().lower()
+    if mode in ("", "auto"):
+        return "triton" if x.is_cuda else "torch"
+    if mode not in BACKENDS:
+        raise ValueError(f"KIMI_VL_KERNELS must be one of {BACKENDS} (or unset), got {mode!r}")
+    return mode
+
+
 def _use_reference() -> bool:
-    return os.environ.get("KIMI_VL_KERNELS", "").lower() == "reference"
+    return os.environ.get("KIMI_VL_KERNELS", "").strip().lower() == "reference"
+
+
+def _triton_ok(*tensors: torch.Tensor | None, grad_ok: bool = True) -> bool:
+    """Whether the Triton kernels can serve these inputs (not float64; no grad for forward-only kernels)."""
+    ts = [t for t in tensors if t is not None]
+    if any(t.dtype == torch.float64 for t in ts):
+        return False
+    return grad_ok or not (torch.is_grad_enabled() and any(t.requires_grad for t in ts))
 
 
 def l2norm(x: torch.Tensor, eps: float = L2_EPS) -> torch.Tensor:
@@ -168,13 +195,39 @@ def fused_recurrent_kda(
 ) -> _Out:
     """Recurrent KDA for decoding a few tokens; same contract as :func:`naive_recurrent_kda`.
 
-    Vectorised over batch and heads (packed sequences are right-padded into a batch; zero padding
-    leaves the state unchanged). Continues a :func:`chunk_kda` prefill given its final state.
+    Dispatches (see the module docstring) to the naive reference, :func:`fused_recurrent_kda_torch` or the
+    forward-only Triton kernel. Continues a :func:`chunk_kda` prefill given its final state.
     """
-    if _use_reference():
-        return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
-                                   output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
-                                   cu_seqlens=cu_seqlens)
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
+    backend = _backend(q)
+    if backend == "reference":
+        return naive_recurrent_kda(q, k, v, g, beta, **kw)
+    if backend == "triton" and _triton_ok(q, k, v, g, beta, initial_state, grad_ok=False):
+        from kimi_vl.kernels.kda_triton import fused_recurrent_kda_triton
+
+        offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+        return fused_recurrent_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
+    return fused_recurrent_kda_torch(q, k, v, g, beta, **kw)
+
+
+def fused_recurrent_kda_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """Torch recurrent KDA, vectorised over batch and heads; same contract as :func:`naive_recurrent_kda`.
+
+    Packed sequences are right-padded into a batch (zero padding leaves the state unchanged).
+    """
     offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
     out_dtype = q.dtype
     q, k, v, g, beta, S = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
@@ -350,7 +403,38 @@ def chunk_kda(
     scale (default ``Dk**-0.5``, applied after the optional L2 norm); initial_state ``[N, H, Dk, Dv]``;
     cu_seqlens ``[N+1]`` offsets of packed sequences (B must be 1).
     Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] fp32 (fp64 for fp64 input) or None)``.
+    Dispatches (see the module docstring) to the naive reference, :func:`chunk_kda_torch` or the Triton
+    kernels (Triton forward; its backward is recomputed through :func:`chunk_kda_torch`).
     """
+    kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
+              use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
+    backend = _backend(q)
+    if backend == "reference":
+        _check(q, k, v, g, beta, initial_state, cu_seqlens)
+        return naive_recurrent_kda(q, k, v, g, beta, **kw)
+    if backend == "triton" and _triton_ok(q, k, v, g, beta, initial_state):
+        from kimi_vl.kernels.kda_triton import chunk_kda_triton
+
+        offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+        kw.pop("cu_seqlens")
+        return chunk_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
+    return chunk_kda_torch(q, k, v, g, beta, **kw)
+
+
+def chunk_kda_torch(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """The torch chunked KDA (WY/UT transform, differentiable); contract of :func:`chunk_kda`."""
     offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
     if _use_reference() or q.shape[1] == 0:
         return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
