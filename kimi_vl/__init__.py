@@ -1,7 +1,7 @@
 """kimi-vl: Kimi-style early-fusion vision-text models.
 
 Importing the package registers the Auto classes (`AutoConfig`, `AutoModel`, `AutoModelForCausalLM`,
-`AutoModelForImageTextToText`, `AutoImageProcessor`, `AutoVideoProcessor`).
+`AutoModelForImageTextToText`, `AutoProcessor`, `AutoImageProcessor`, `AutoVideoProcessor`).
 """
 
 from transformers import (
@@ -10,12 +10,14 @@ from transformers import (
     AutoModel,
     AutoModelForCausalLM,
     AutoModelForImageTextToText,
+    AutoProcessor,
     AutoVideoProcessor,
 )
 
 from .configuration import KimiVLConfig
 from .errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError, ShapeError
 from .modeling import KimiVLForConditionalGeneration
+from .processing import KimiVLProcessor
 from .text import KimiTextConfig, KimiTextForCausalLM, KimiTextModel
 from .vision import MoonViTConfig, MoonViTImageProcessor, MoonViTModel, MoonViTVideoProcessor
 
@@ -28,6 +30,7 @@ AutoImageProcessor.register(MoonViTConfig, fast_image_processor_class=MoonViTIma
 AutoVideoProcessor.register(MoonViTConfig, MoonViTVideoProcessor, exist_ok=True)
 AutoConfig.register(KimiVLConfig.model_type, KimiVLConfig, exist_ok=True)
 AutoModelForImageTextToText.register(KimiVLConfig, KimiVLForConditionalGeneration, exist_ok=True)
+AutoProcessor.register(KimiVLConfig, KimiVLProcessor, exist_ok=True)
 
 __version__ = "0.1.0"
 
@@ -38,6 +41,7 @@ __all__ = [
     "KimiTextConfig",
     "KimiVLConfig",
     "KimiVLForConditionalGeneration",
+    "KimiVLProcessor",
     "KimiTextForCausalLM",
     "KimiTextModel",
     "KimiVLError",

@@ -1,0 +1,276 @@
+"""`KimiVLProcessor`: tokenizer + MoonViT image and video processors + Kimi's chat template.
+
+Placeholder expansion (one placeholder id per merged vision token, in the order of the vision features):
+- each `<|media_pad|>` of the text, in order, stands for the next image and becomes
+  `prod(image_grid_thw[i]) // merge_size**2` copies of `<|media_pad|>` (the chat template already wraps it as
+  `<|media_start|>image<|media_content|><|media_pad|><|media_end|>`);
+- each `<|kimi_k25_video_placeholder|>`, in order, stands for the next video and becomes, for every temporal chunk
+  `c` of that video (rows of `video_grid_thw`, `temporal_patch_size` frames each, the last one possibly shorter):
+  `HH:MM:SS.mmm<|media_start|>video<|media_content|>` + `<|kimi_k25_video_placeholder|>` x `h_c * w_c //
+  merge_size**2` + `<|media_end|>`, where the timestamp is that of the chunk's first frame. This is the structure
+  of transformers' `Kimi_K25Processor` (with Kimi-VL's `<|media_start|>` in place of its `<|media_begin|>`). Video
+  tokens keep their own id (`video_token_id`), distinct from the image id (`image_token_id`, `<|media_pad|>`), so
+  the model scatters image and video features independently (`KimiVLConfig.image_token_id` / `video_token_id`
+  must be the tokenizer's ids of these two tokens).
+  Timestamps are `frame_index / fps` from the video metadata: exact for video files (decoded with decord) and for
+  decoded frames passed with `video_metadata`. Decoded frames without metadata have no known times: the chunk
+  timestamps then assume consecutive frames at `ASSUMED_FPS` (24, transformers' fallback) and a warning says so.
+
+Images and videos count over the whole batch: the number of `<|media_pad|>` in the (unexpanded) texts must equal the
+number of images, and the number of video placeholders the number of videos; otherwise `InvalidMediaError` names
+both counts. Outputs use transformers' key names: `input_ids`, `attention_mask`, `pixel_values`, `image_grid_thw`,
+`pixel_values_videos`, `video_grid_thw` (one row per temporal chunk).
+
+Media are read with `kimi_vl.vision.load_image` / `load_video` (through the image and video processors): local
+paths, `file://` URLs, PIL images, numpy arrays, and decoded video frames; never the network.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import BatchFeature
+from transformers.processing_utils import MultiModalData, ProcessorMixin
+from transformers.utils import logging
+from transformers.video_utils import VideoMetadata, make_batched_videos
+
+from .errors import ConfigError, InvalidMediaError
+from .fusion.chat_template import CHAT_TEMPLATE
+from .fusion.tokenizer import (
+    DOC_EOS,
+    IM_ASSISTANT,
+    IM_END,
+    IM_MIDDLE,
+    MEDIA_CONTENT,
+    MEDIA_END,
+    MEDIA_PAD,
+    MEDIA_START,
+    VIDEO_PLACEHOLDER,
+)
+
+logger = logging.get_logger(__name__)
+
+ASSUMED_FPS = 24.0
+"""Frame rate assumed for chunk timestamps of decoded frames passed without `video_metadata`."""
+
+
+def format_timestamp(seconds: float) -> str:
+    """`HH:MM:SS.mmm` (milliseconds truncated), the chunk timestamp written before each video chunk."""
+    seconds = max(0.0, float(seconds))
+    millis = int(seconds * 1000)
+    return time.strftime("%H:%M:%S", time.gmtime(millis // 1000)) + f".{millis % 1000:03d}"
+
+
+def _fspath_videos(videos: Any) -> Any:
+    """`os.PathLike` entries (nested lists allowed) as `str`, which transformers' video helpers understand."""
+    if isinstance(videos, os.PathLike):
+        return os.fspath(videos)
+    if isinstance(videos, (list, tuple)):
+        return [_fspath_videos(v) for v in videos]
+    return videos
+
+
+def _count_images(images: Any) -> int:
+    """Number of images in one image or a (nested) list of them; a 4-D array / tensor is a batch of images."""
+    if images is None:
+        return 0
+    if isinstance(images, (list, tuple)):
+        return sum(_count_images(x) for x in images)
+    if isinstance(images, (np.ndarray, torch.Tensor)) and images.ndim == 4:
+        return int(images.shape[0])
+    return 1
+
+
+def _drop_empty(videos: Any) -> Any:
+    """A batch of per-conversation video lists without the empty ones (None when nothing is left)."""
+    if videos is None:
+        return None
+    if isinstance(videos, (list, tuple)):
+        kept = [v for v in videos if not (isinstance(v, (list, tuple)) and len(v) == 0)]
+        return kept or None
+    return videos
+
+
+def _count_videos(videos: Any) -> int:
+    videos = _drop_empty(videos)
+    return 0 if videos is None else len(make_batched_videos(videos))
+
+
+class KimiVLProcessor(ProcessorMixin):
+    """Prepares Kimi-VL model inputs: chat template, media placeholder expansion, tokenization, image and video
+    preprocessing (see the module docstring for the expansion rule and the output keys).
+
+    Args:
+        image_processor: a `MoonViTImageProcessor`.
+        tokenizer: a fast tokenizer holding Kimi's special tokens (e.g. from `kimi_vl.fusion.build_tokenizer`).
+        video_processor: a `MoonViTVideoProcessor`.
+        chat_template: Jinja chat template; defaults to the tokenizer's, else `kimi_vl.fusion.CHAT_TEMPLATE`.
+    """
+
+    videos_kwargs = {"return_metadata": True}  # the timestamps of video chunks come from the metadata
+
+    def __init__(
+        self,
+        image_processor: Any = None,
+        tokenizer: Any = None,
+        video_processor: Any = None,
+        chat_template: str | None = None,
+        **kwargs: Any,
+    ):
+        if chat_template is None:
+            chat_template = getattr(tokenizer, "chat_template", None) or CHAT_TEMPLATE
+        super().__init__(image_processor, tokenizer, video_processor, chat_template=chat_template, **kwargs)
+        self.image_token = MEDIA_PAD
+        self.video_token = VIDEO_PLACEHOLDER
+        vocab = tokenizer.get_vocab()
+        missing = [t for t in (MEDIA_PAD, VIDEO_PLACEHOLDER, MEDIA_START, MEDIA_CONTENT, MEDIA_END) if t not in vocab]
+        if missing:
+            raise ConfigError(
+                f"the tokenizer lacks Kimi's media tokens {missing}; build it with kimi_vl.fusion.build_tokenizer "
+                "or add them as special tokens."
+            )
+        self.image_token_id = tokenizer.convert_tokens_to_ids(MEDIA_PAD)
+        self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PLACEHOLDER)
+
+    # ------------------------------------------------------------------ inputs
+    def prepare_inputs_layout(self, images=None, text=None, videos=None, audio=None, **kwargs):
+        if videos is not None:
+            videos = _fspath_videos(videos)
+        return super().prepare_inputs_layout(images=images, text=text, videos=videos, audio=audio, **kwargs)
+
+    def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):
+        """Placeholder counts must match the media counts (`InvalidMediaError` naming both), then transformers'
+        own checks."""
+        if text is not None:
+            samples = [text] if isinstance(text, str) else text
+            if isinstance(samples, (list, tuple)) and all(isinstance(s, str) for s in samples):
+                for name, token, count in (
+                    ("image", self.image_token, _count_images(images)),
+                    ("video", self.video_token, _count_videos(videos)),
+                ):
+                    placeholders = sum(s.count(token) for s in samples)
+                    if placeholders != count:
+                        raise InvalidMediaError(
+                            f"the text holds {placeholders} {name} placeholder(s) ({token}) but {count} {name}(s) "
+                            f"were passed; give exactly one {name} per placeholder, in order (the chat template "
+                            f"writes one per {name} part)."
+                        )
+        super().validate_inputs(images=images, text=text, videos=videos, audio=audio, **kwargs)
+
+    def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs) -> BatchFeature:
+        """Process `text` (str or list of str, with unexpanded placeholders), `images` and `videos`.
+
+        Returns a `BatchFeature` with `input_ids`, `attention_mask` and, when media are given, `pixel_values`,
+        `image_grid_thw`, `pixel_values_videos`, `video_grid_thw` (plus `video_metadata` with
+        `return_metadata=True`). Tokenizer options (`padding`, `return_tensors`, ...) and image / video processor
+        options (`max_patches`, `fps`, `num_frames`, ...) may be passed as keywords.
+        """
+        if _count_images(images) == 0:
+            images = None
+        videos = _drop_empty(videos)
+        return super().__call__(images=images, text=text, videos=videos, audio=audio, **kwargs)
+
+    def _process_videos(self, videos: Any, **kwargs: Any):
+        # One flat list of videos (apply_chat_template nests them per conversation); file paths stay paths so the
+        # video processor reads them with decord.
+        return super()._process_videos(make_batched_videos(videos), **kwargs)
+
+    # ------------------------------------------------------------------ placeholder expansion
+    def replace_image_token(self, image_inputs: dict, image_idx: int, **kwargs: Any) -> str:
+        """`<|media_pad|>` x `prod(grid) // merge**2` for image `image_idx`."""
+        merge = kwargs.get("merge_size") or self.image_processor.merge_size
+        grid = image_inputs["image_grid_thw"][image_idx]
+        return self.image_token * (int(torch.as_tensor(grid).prod()) // merge**2)
+
+    def replace_video_token(self, video_inputs: dict, video_idx: int, **kwargs: Any) -> str:
+        """Per temporal chunk of video `video_idx`: timestamp + media block with one video placeholder per merged
+        token of the chunk."""
+        merge = kwargs.get("merge_size") or self.video_processor.merge_size
+        chunk_len = kwargs.get("temporal_patch_size") or self.video_processor.temporal_patch_size
+        counts = [int(c) for c in video_inputs["num_chunks_per_video"]]
+        start = sum(counts[:video_idx])
+        grids = torch.as_tensor(video_inputs["video_grid_thw"])[start : start + counts[video_idx]]
+        frames_in_video = int(grids[:, 0].sum())
+        times = self._frame_times(video_inputs.get("video_metadata"), video_idx, frames_in_video)
+        parts = []
+        for c, (_, h, w) in enumerate(grids.tolist()):
+            pads = self.video_token * (h * w // merge**2)
+            parts.append(f"{format_timestamp(times[c * chunk_len])}{MEDIA_START}video{MEDIA_CONTENT}{pads}{MEDIA_END}")
+        return "".join(parts)
+
+    @staticmethod
+    def _frame_times(metadata: Any, video_idx: int, num_frames: int) -> list[float]:
+        """Seconds of each processed frame of video `video_idx` (`frame_index / fps`; see the module docstring)."""
+        meta = None
+        if isinstance(metadata, (list, tuple)) and video_idx < len(metadata):
+            meta = metadata[video_idx]
+        elif isinstance(metadata, (VideoMetadata, dict)) and video_idx == 0:
+            meta = metadata
+        fps = meta.get("fps") if meta is not None else None
+        indices = meta.get("frames_indices") if meta is not None else None
+        if indices is None or len(indices) != num_frames:
+            indices = list(range(num_frames))
+        if not fps:
+            logger.warning_once(
+                f"video {video_idx} has no frame rate in its metadata (decoded frames passed without "
+                f"`video_metadata`?): its chunk timestamps assume {ASSUMED_FPS:g} fps. Pass `video_metadata` with "
+                "`fps` (and `frames_indices`) for true timestamps."
+            )
+            fps = ASSUMED_FPS
+        return [float(i) / float(fps) for i in np.asarray(indices).tolist()]
+
+    def _get_num_multimodal_tokens(self, image_sizes=None, video_sizes=None, **kwargs: Any) -> MultiModalData:
+        """Placeholder counts for images of `(height, width)` and videos of `(num_frames, height, width)`."""
+        merged = self._merge_kwargs(**kwargs)
+        data = {}
+        if image_sizes is not None:
+            ik = merged["images_kwargs"]
+            data["num_image_tokens"] = [self.image_processor.get_num_image_tokens(h, w, ik) for h, w in image_sizes]
+            data["num_image_patches"] = [
+                self.image_processor.get_number_of_image_patches(h, w, ik) for h, w in image_sizes
+            ]
+        if video_sizes is not None:
+            vk = merged["videos_kwargs"]
+            data["num_video_tokens"] = [
+                self.video_processor.get_num_video_tokens(t, h, w, vk) for t, h, w in video_sizes
+            ]
+        return MultiModalData(**data)
+
+    # ------------------------------------------------------------------ outputs
+    @property
+    def unused_input_names(self) -> list[str]:
+        return ["num_chunks_per_video"]
+
+    def post_process_image_text_to_text(
+        self, generated_outputs: Any, skip_special_tokens: bool = True, **kwargs: Any
+    ) -> str | list[str]:
+        """The assistant's answer of each sequence, without the prompt and the template.
+
+        For each sequence of ids (a `[batch, length]` or `[length]` tensor / array / list, with or without the
+        prompt): keep what follows the last `<|im_assistant|>...<|im_middle|>` header (everything when there is
+        none) up to the first `<|im_end|>` or `[EOS]`, and decode it (`skip_special_tokens` drops remaining special
+        tokens such as padding). A `[length]` input gives a `str`, a batch a `list[str]`.
+        """
+        ids = generated_outputs.tolist() if hasattr(generated_outputs, "tolist") else list(generated_outputs)
+        single = len(ids) == 0 or not isinstance(ids[0], (list, tuple))
+        batch = [ids] if single else ids
+        tok = self.tokenizer
+        header, middle = tok.convert_tokens_to_ids(IM_ASSISTANT), tok.convert_tokens_to_ids(IM_MIDDLE)
+        stops = {tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(DOC_EOS)}
+        answers = []
+        for seq in batch:
+            seq = [int(t) for t in seq]
+            starts = [i for i, t in enumerate(seq) if t == header]
+            if starts:
+                rest = seq[starts[-1] + 1 :]
+                seq = rest[rest.index(middle) + 1 :] if middle in rest else rest
+            end = next((i for i, t in enumerate(seq) if t in stops), len(seq))
+            answers.append(tok.decode(seq[:end], skip_special_tokens=skip_special_tokens, **kwargs))
+        return answers[0] if single else answers
+
+
+__all__ = ["ASSUMED_FPS", "KimiVLProcessor", "format_timestamp"]
