@@ -22,6 +22,12 @@ def _convert_vision(args: argparse.Namespace) -> None:
     print(f"wrote {convert_kimi_k25_vision(args.src, args.dst)}")
 
 
+def _export(args: argparse.Namespace) -> None:
+    from .export import export_remote_code
+
+    print(f"wrote {export_remote_code(args.model_dir, args.out_dir)}")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-vl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -38,6 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
     kv.add_argument("dst", help="destination directory")
     kv.set_defaults(func=_convert_vision)
+    export = sub.add_parser("export", help="a saved Kimi-VL model directory -> a self-contained Hugging Face "
+                            "remote-code copy (loads with trust_remote_code=True, without kimi_vl installed)")
+    export.add_argument("model_dir", help="saved model (+ processor and tokenizer) directory")
+    export.add_argument("out_dir", help="destination directory (may be model_dir itself)")
+    export.set_defaults(func=_export)
     return parser
 
 

@@ -1,8 +1,8 @@
-"""Sequence-mixing kernels: Kimi Delta Attention (KDA) ops and the short causal convolution.
+"""Pure tensor ops: Kimi Delta Attention (KDA), the short causal convolution and packed varlen attention.
 
-Pure-PyTorch implementations. Set ``KIMI_VL_KERNELS=reference`` to route :func:`chunk_kda` and
-:func:`fused_recurrent_kda` through the token-by-token reference (``torch``, the default, uses the
-chunked / vectorised paths).
+KDA has three paths behind one signature: the token-by-token reference (`naive_recurrent_kda`), the torch path
+(chunked WY/UT transform; used for CPU tensors) and Triton kernels (`kda_triton`; used for CUDA tensors).
+`KIMI_VL_KERNELS=reference|torch|triton` forces one (triton on CPU needs `TRITON_INTERPRET=1`).
 """
 
 from kimi_vl.kernels.attention import packed_attention
