@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
-from kimi_vl.errors import ShapeError
+from kimi_vl.errors import ConfigError, ShapeError
 
 CHUNK = 64
 SUB_CHUNK = 16
@@ -52,12 +52,8 @@ def _backend(x: torch.Tensor) -> str:
     if mode in ("", "auto"):
         return "triton" if x.is_cuda else "torch"
     if mode not in BACKENDS:
-        raise ValueError(f"KIMI_VL_KERNELS must be one of {BACKENDS} (or unset), got {mode!r}")
+        raise ConfigError(f"KIMI_VL_KERNELS must be one of {BACKENDS} (or unset), got {mode!r}")
     return mode
-
-
-def _use_reference() -> bool:
-    return os.environ.get("KIMI_VL_KERNELS", "").strip().lower() == "reference"
 
 
 def _triton_ok(*tensors: torch.Tensor | None, grad_ok: bool = True) -> bool:
@@ -436,7 +432,7 @@ def chunk_kda_torch(
 ) -> _Out:
     """The torch chunked KDA (WY/UT transform, differentiable); contract of :func:`chunk_kda`."""
     offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
-    if _use_reference() or q.shape[1] == 0:
+    if q.shape[1] == 0:
         return naive_recurrent_kda(q, k, v, g, beta, scale=scale, initial_state=initial_state,
                                    output_final_state=output_final_state, use_qk_l2norm=use_qk_l2norm,
                                    cu_seqlens=cu_seqlens)
