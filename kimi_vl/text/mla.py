@@ -18,10 +18,20 @@ from .norm import RMSNorm
 
 # With a cache, at most this many new tokens take the absorbed (latent-space) path.
 ABSORB_MAX_TOKENS = 16
+# Max-logit recording computes scores in query blocks of at most this many elements (B * h * rows * L).
+MAX_LOGIT_BLOCK_ELEMENTS = 1 << 24
 
 
 class MultiHeadLatentAttention(nn.Module):
-    """Shapes: `x [B, T, hidden] -> [B, T, hidden]`; attention over `[c ; k_pe]` of all cached + new tokens."""
+    """Shapes: `x [B, T, hidden] -> [B, T, hidden]`; attention over `[c ; k_pe]` of all cached + new tokens.
+
+    With `record_max_logits = True` (set by `kimi_vl.training.MuonClip` for QK-Clip), every forward folds the
+    per-head max pre-softmax logit `max q.k * scale` over the pairs it actually attends (masked pairs never count)
+    into `max_logits` (`[num_heads]`, fp32, `torch.maximum` across forwards until reset to None).
+    """
+
+    record_max_logits: bool = False
+    max_logits: torch.Tensor | None = None
 
     def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
         super().__init__()
@@ -44,6 +54,9 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, eps=config.mla_kv_norm_eps)
         self.kv_b_proj = nn.Linear(self.rank, h * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(h * self.v_dim, hidden, bias=False)
+        self.record_max_logits = False
+        self.max_logits = None
+
     def queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """`x [B, T, hidden]` -> `q_nope [B, h, T, nope]`, `q_pe [B, h, T, rope]`."""
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
@@ -88,6 +101,8 @@ class MultiHeadLatentAttention(nn.Module):
         k_nope, v = kv.split([self.nope_dim, self.v_dim], dim=-1)
         q = torch.cat([q_nope, q_pe], dim=-1)
         k = torch.cat([k_nope, k_pe[:, None].expand(B, h, L, self.rope_dim)], dim=-1)
+        if self.record_max_logits:
+            self._record_expanded(q, k, attn_mask, cu_seqlens)
         if cu_seqlens is not None:
             bounds = cu_seqlens.tolist()
             return torch.cat(
@@ -111,6 +126,40 @@ class MultiHeadLatentAttention(nn.Module):
         scores = (q_lat.reshape(B, h * T, -1) @ latent.transpose(1, 2)).view(B, h, T, -1) * self.scale
         if attn_mask is not None:  # None only for a single new token, which sees the whole cache
             scores = scores.masked_fill(~attn_mask, float("-inf"))
+        if self.record_max_logits:
+            self._accumulate_max_logits(scores.detach().float().amax(dim=(0, 2, 3)))
         p = scores.softmax(-1, dtype=torch.float32).to(latent.dtype)
         o_lat = (p.view(B, h * T, -1) @ latent[..., : self.rank]).view(B, h, T, self.rank)
         return torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)
+
+
+    def _accumulate_max_logits(self, m: torch.Tensor) -> None:
+        self.max_logits = m if self.max_logits is None else torch.maximum(self.max_logits, m)
+
+    @torch.no_grad()
+    def _record_expanded(self, q, k, attn_mask, cu_seqlens) -> None:
+        """Per-head max of `q.k * scale` (fp32) over the pairs the expanded path attends, the same masks as its
+        SDPA calls (`cu_seqlens`: causal per packed sequence; no mask: causal top-left when T > 1; else
+        `attn_mask`), in blocks of query rows so that memory stays bounded."""
+        q, k = q.detach().float(), k.detach().float()
+        if cu_seqlens is not None:
+            bounds = cu_seqlens.tolist()
+            spans = [(s, e, s, e, None) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+        else:
+            spans = [(0, q.shape[2], 0, k.shape[2], attn_mask)]
+        out = torch.full((q.shape[1],), float("-inf"), device=q.device)
+        for qs, qe, ks, ke, mask in spans:
+            B, h, T, L = q.shape[0], q.shape[1], qe - qs, ke - ks
+            causal = mask is None and T > 1
+            rows = max(1, MAX_LOGIT_BLOCK_ELEMENTS // max(1, B * h * L))
+            kt = k[:, :, ks:ke].transpose(-1, -2)
+            for r0 in range(0, T, rows):
+                r1 = min(T, r0 + rows)
+                scores = (q[:, :, qs + r0 : qs + r1] @ kt) * self.scale
+                if causal:
+                    allowed = torch.ones(r1 - r0, L, dtype=torch.bool, device=q.device).tril(r0)
+                    scores = scores.masked_fill(~allowed, float("-inf"))
+                elif mask is not None:
+                    scores = scores.masked_fill(~mask[..., r0:r1, :], float("-inf"))
+                out = torch.maximum(out, scores.amax(dim=(0, 2, 3)))
+        self._accumulate_max_logits(out)
