@@ -323,22 +323,9 @@ def test_auto_processor(proc, tmp_path):
 @torch.no_grad()
 def test_outputs_feed_the_model(proc, tok, media):
     """Processor outputs run through `KimiVLForConditionalGeneration` (ids from the tokenizer)."""
-    from kimi_vl.configuration import KimiVLConfig
-    from kimi_vl.modeling import KimiVLForConditionalGeneration
-    from kimi_vl.text import KimiTextConfig
-    from kimi_vl.vision import MoonViTConfig
+    from tests.test_export import tiny_model
 
-    text = KimiTextConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
-        num_attention_heads=2, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, num_experts=4,
-        num_experts_per_tok=2, kda_head_dim=8, kda_num_heads=2, pad_token_id=tok.pad_token_id,
-        bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-    )
-    vision = MoonViTConfig(hidden_size=24, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32,
-                           pos_emb_height=8, pos_emb_width=8)
-    config = KimiVLConfig(vision_config=vision, text_config=text, image_token_id=proc.image_token_id,
-                          video_token_id=proc.video_token_id)
-    model = KimiVLForConditionalGeneration(config).eval()
+    model = tiny_model(proc)
     messages = _user(
         {"type": "video", "path": str(media["video"])},
         {"type": "image", "image": _noise(56, 56)},
