@@ -16,6 +16,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from .configuration import KimiVLConfig
 from .errors import InvalidMediaError, ShapeError
 from .text import KimiHybridCache, KimiTextForCausalLM
+from .text.cache import HybridCacheGenerationMixin
 from .vision import MoonViTModel, MoonViTProjector
 
 
@@ -52,7 +53,7 @@ class KimiVLPreTrainedModel(PreTrainedModel):
                 nn.init.zeros_(layer.bias)
 
 
-class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
+class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGenerationMixin, GenerationMixin):
     """Shapes: `input_ids [B, T]`, `pixel_values [num_patches, 3, 14, 14]` with `image_grid_thw [num_images, 3]`,
     `pixel_values_videos` with `video_grid_thw [num_chunks, 3]` -> `logits [B, T, vocab]`."""
 
@@ -142,8 +143,3 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, GenerationMixin):
             labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
         )
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = KimiHybridCache(self.config.text_config)
-        else:
-            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

@@ -406,7 +406,6 @@ def chunk_kda(
               use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)
     backend = _backend(q)
     if backend == "reference":
-        _check(q, k, v, g, beta, initial_state, cu_seqlens)
         return naive_recurrent_kda(q, k, v, g, beta, **kw)
     if backend == "triton" and _triton_ok(q, k, v, g, beta, initial_state):
         from kimi_vl.kernels.kda_triton import chunk_kda_triton

@@ -120,3 +120,14 @@ class KimiHybridCache(Cache):
             if buf is not None:
                 total += buf.shape[0] * self._seen_tokens * buf.shape[2] * buf.element_size()
         return total
+
+
+class HybridCacheGenerationMixin:
+    """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` gets a `KimiHybridCache` (built
+    from `config.get_text_config()`) unless the caller passes a cache or turns caching off."""
+
+    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            model_kwargs["past_key_values"] = KimiHybridCache(self.config.get_text_config())
+        else:
+            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)

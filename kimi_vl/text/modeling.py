@@ -12,7 +12,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutpu
 
 from ..errors import ConfigError, ShapeError
 from .attnres import AttnResidual
-from .cache import KimiHybridCache
+from .cache import HybridCacheGenerationMixin, KimiHybridCache
 from .configuration import KimiTextConfig
 from .kda import KimiDeltaAttention
 from .mla import MultiHeadLatentAttention
@@ -223,7 +223,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
                 module.update_router_bias(rate)
 
 
-class KimiTextForCausalLM(KimiTextPreTrainedModel, GenerationMixin):
+class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, GenerationMixin):
     """`KimiTextModel` + LM head. Loss: next-token cross-entropy, labels == -100 ignored."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
@@ -275,11 +275,6 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, GenerationMixin):
             loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
         )
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = KimiHybridCache(self.config)
-        else:
-            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
 
 
 def causal_lm_loss(
