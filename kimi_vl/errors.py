@@ -20,3 +20,7 @@ class InvalidMediaError(KimiVLError, ValueError):
 
 class CheckpointError(KimiVLError, OSError):
     """A checkpoint directory is missing, incomplete, or not of the expected kind."""
+
+
+class TrainingDivergedError(KimiVLError, RuntimeError):
+    """Training produced non-finite losses or gradients for too many steps in a row."""

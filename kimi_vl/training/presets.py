@@ -1,0 +1,72 @@
+"""Model + data + schedule presets: `tiny` (2 CPU cores, minutes; what `kimi-vl quickstart` trains) and `small`
+(the single-GPU recipe). Each stage (`pretrain`, `sft`, `rl`) reads its step count and learning rate from here."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Preset:
+    """Everything a stage needs to build the tokenizer, processor, model and data of one model size."""
+
+    name: str
+    description: str
+    vocab_size: int
+    text: dict[str, Any]
+    vision: dict[str, Any]
+    image_max_patches: int
+    video_max_patches: int
+    video_fps: float
+    seq_len: int
+    rows: int                  # packed rows of seq_len per micro-batch
+    vision_ratio: float        # fraction of pre-training tokens that are vision tokens, constant from step one
+    pretrain: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides
+    sft: dict[str, Any] = field(default_factory=dict)
+    rl: dict[str, Any] = field(default_factory=dict)         # RLConfig overrides + "steps", "prompts_per_step"
+    tokenizer_texts: int = 4000
+
+
+PRESETS: dict[str, Preset] = {
+    "tiny": Preset(
+        name="tiny",
+        description="~1M parameters; the quickstart model (2 CPU cores, minutes)",
+        vocab_size=1536,
+        text=dict(hidden_size=64, intermediate_size=128, moe_intermediate_size=48, num_hidden_layers=4,
+                  num_attention_heads=2, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
+                  num_experts=4, num_experts_per_tok=2, kda_head_dim=16, kda_num_heads=4, attnres_block_size=2),
+        vision=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=2, intermediate_size=128,
+                    pos_emb_height=16, pos_emb_width=16),
+        image_max_patches=256, video_max_patches=64, video_fps=2.0,
+        seq_len=256, rows=4, vision_ratio=0.25,
+        pretrain=dict(steps=400, lr=6e-3, warmup_steps=20, checkpoint_every=50, val_every=100),
+        sft=dict(steps=100, lr=2e-3, warmup_steps=10, checkpoint_every=50),
+        rl=dict(steps=30, prompts_per_step=8, k=4, max_new_tokens=24, lr=5e-4),
+    ),
+    "small": Preset(
+        name="small",
+        description="~400M total parameters (16 experts, top-2); the single-GPU recipe (bf16, one 80 GB GPU)",
+        vocab_size=32768,
+        text=dict(hidden_size=768, intermediate_size=2048, moe_intermediate_size=512, num_hidden_layers=16,
+                  num_attention_heads=12, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
+                  v_head_dim=64, num_experts=16, num_experts_per_tok=2, num_shared_experts=1, kda_head_dim=64,
+                  kda_num_heads=12, first_k_dense=1),
+        vision=dict(hidden_size=384, num_attention_heads=6, num_hidden_layers=8, intermediate_size=1536,
+                    pos_emb_height=64, pos_emb_width=64),
+        image_max_patches=1024, video_max_patches=2048, video_fps=2.0,
+        seq_len=4096, rows=16, vision_ratio=0.25, tokenizer_texts=200_000,
+        pretrain=dict(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=2, checkpoint_every=1000,
+                      val_every=1000),
+        sft=dict(steps=2000, lr=5e-4, warmup_steps=100, checkpoint_every=500),
+        rl=dict(steps=500, prompts_per_step=64, k=8, max_new_tokens=512, lr=1e-5),
+    ),
+}
+
+
+def get_preset(name: str) -> Preset:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}.")
+    return PRESETS[name]

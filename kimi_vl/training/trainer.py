@@ -1,0 +1,280 @@
+"""The training loop shared by the `pretrain` and `sft` stages, readable top to bottom in `Trainer.train`.
+
+One optimizer step = `grad_accum` micro-batches per process. Micro-batch `m` of step `s` on rank `r` of `W` is
+`data.batch((s * grad_accum + m) * W + r)`: batches are pure functions of their index, so a resumed run sees exactly
+the batches the uninterrupted one would have, and the loss curve is reproduced bit for bit on CPU.
+
+Per step: forward/backward under accelerate (bf16 autocast on GPU, fp32 on CPU), a non-finite guard (a step whose
+loss or gradient norm is NaN/Inf is skipped and counted; `nan_patience` in a row stop training with
+`TrainingDivergedError`), gradient clipping, the WSD learning rate, `MuonClip.step()` (update then QK-Clip), the
+aux-loss-free router-bias update from the step's expert loads, one JSONL metrics line, and periodic atomic
+checkpoints (`kimi_vl.training.checkpoint`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ..errors import ConfigError, TrainingDivergedError
+from ..text.moe import TopKRouter
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .muonclip import MuonClip
+
+
+class BatchSource(Protocol):
+    """Anything with a deterministic `batch(index)` returning an object with `model_inputs()` and token counts."""
+
+    def batch(self, index: int) -> Any: ...
+
+
+@dataclass
+class TrainConfig:
+    """Hyper-parameters of one training run.
+
+    The learning rate follows warmup-stable-decay (WSD): linear warmup over `warmup_steps`, constant, then a linear
+    decay to `min_lr_ratio * lr` over the last `decay_fraction` of the steps.
+    """
+
+    steps: int
+    lr: float = 3e-3
+    optimizer: str = "muonclip"          # "muonclip" | "adamw"
+    weight_decay: float = 0.1
+    qk_clip_tau: float | None = 100.0
+    grad_accum: int = 1
+    warmup_steps: int = 10
+    decay_fraction: float = 0.2
+    min_lr_ratio: float = 0.1
+    max_grad_norm: float | None = 1.0
+    router_bias_rate: float = 1e-3
+    nan_patience: int = 5
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    val_every: int = 0                   # 0: validate only at the end (when val data is given)
+    val_batches: int = 4
+    mixed_precision: str = "auto"        # "auto" (bf16 on CUDA, fp32 on CPU) | "no" | "bf16"
+    progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.grad_accum < 1:
+            raise ConfigError(f"steps and grad_accum must be >= 1 (got {self.steps}, {self.grad_accum}).")
+        if self.optimizer not in ("muonclip", "adamw"):
+            raise ConfigError(f"optimizer must be 'muonclip' or 'adamw', got {self.optimizer!r}.")
+        if not 0 <= self.decay_fraction <= 1 or not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError("decay_fraction and min_lr_ratio must lie in [0, 1].")
+        if self.mixed_precision not in ("auto", "no", "bf16"):
+            raise ConfigError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}.")
+
+
+def wsd_lr(step: int, cfg: TrainConfig) -> float:
+    """Learning rate of optimizer step `step` (0-based) under warmup-stable-decay."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    decay_steps = round(cfg.steps * cfg.decay_fraction)
+    decay_start = cfg.steps - decay_steps
+    if decay_steps == 0 or step < decay_start:
+        return cfg.lr
+    progress = (step - decay_start + 1) / decay_steps
+    return cfg.lr * (1 - (1 - cfg.min_lr_ratio) * progress)
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "muonclip":
+        return MuonClip(model, cfg.lr, weight_decay=cfg.weight_decay, qk_clip_tau=cfg.qk_clip_tau)
+    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+    return torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                             betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+
+
+def unigram_entropy(data: BatchSource, num_batches: int = 8) -> float:
+    """Cross-entropy (nats/token) of the best context-free predictor of the labels in the first batches: the
+    baseline a trained model's loss must fall well below."""
+    counts: dict[int, int] = {}
+    for i in range(num_batches):
+        labels = data.batch(i).labels
+        for tok, n in zip(*torch.unique(labels[labels != -100], return_counts=True)):
+            counts[int(tok)] = counts.get(int(tok), 0) + int(n)
+    total = sum(counts.values())
+    return -sum(n / total * math.log(n / total) for n in counts.values())
+
+
+class Trainer:
+    """Trains `model` on `data` (see the module docstring); `out_dir` receives `metrics.jsonl` and `state/`."""
+
+    def __init__(self, model: nn.Module, data: BatchSource, cfg: TrainConfig, out_dir: str | Path, *,
+                 val_data: BatchSource | None = None, desc: str = "train") -> None:
+        from accelerate import Accelerator
+
+        self.cfg, self.data, self.val_data, self.desc = cfg, data, val_data, desc
+        self.out_dir = Path(out_dir)
+        precision = cfg.mixed_precision
+        if precision == "auto":
+            precision = "bf16" if torch.cuda.is_available() else "no"
+        self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+        self.optimizer = build_optimizer(model, cfg)
+        self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
+        self.raw_model = self.accelerator.unwrap_model(self.model)
+        self.routers = {n: m for n, m in self.raw_model.named_modules() if isinstance(m, TopKRouter)}
+        self.state_dir = self.out_dir / "state"
+        self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.step = 0
+        self.tokens = 0
+        self.skipped = 0
+        self.nonfinite_in_a_row = 0
+
+    # -- the loop -------------------------------------------------------------------------------------------------
+    def train(self) -> dict[str, Any]:
+        """Run (or resume) until `cfg.steps`; returns the summary of the last step."""
+        cfg = self.cfg
+        self._resume()
+        self.model.train()
+        last: dict[str, Any] = {}
+        bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not (
+            cfg.progress and self.accelerator.is_main_process), dynamic_ncols=True)
+        while self.step < cfg.steps:
+            t0 = time.perf_counter()
+            loss, tokens, vision_tokens = self._forward_backward()
+            grad_norm = self._grad_norm()
+            finite = math.isfinite(loss) and math.isfinite(grad_norm)
+            lr = wsd_lr(self.step, cfg)
+            if finite:
+                self.nonfinite_in_a_row = 0
+                for group in self.optimizer.param_groups:
+                    group["lr"] = lr
+                self.optimizer.step()
+                loads = self._update_router_biases()
+            else:
+                self._discard_step()
+                loads = {}
+            self.optimizer.zero_grad(set_to_none=True)
+            self.tokens += tokens
+            self.step += 1
+            last = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
+                    "vision_tokens": vision_tokens, "skipped": not finite, "skipped_total": self.skipped,
+                    "max_logits": self._max_logits(), "expert_load": loads,
+                    "step_time": time.perf_counter() - t0}
+            if self.val_data is not None and (
+                    self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
+                last["val_loss"] = self.evaluate()
+            self._log(last)
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
+            if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
+                bar.close()
+                raise TrainingDivergedError(
+                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
+                    f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
+                    f"resume from the last checkpoint in {self.state_dir}.")
+            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+                self.save_state()
+        bar.close()
+        return last
+
+    def _forward_backward(self) -> tuple[float, int, int]:
+        cfg, acc = self.cfg, self.accelerator
+        world, rank = acc.num_processes, acc.process_index
+        total, tokens, vision_tokens = 0.0, 0, 0
+        for micro in range(cfg.grad_accum):
+            batch = self.data.batch((self.step * cfg.grad_accum + micro) * world + rank).to(acc.device)
+            sync = nullcontext() if micro == cfg.grad_accum - 1 else acc.no_sync(self.model)
+            with sync, acc.autocast():
+                loss = self.model(**batch.model_inputs()).loss
+            acc.backward(loss / cfg.grad_accum)
+            total += loss.detach().float().item() / cfg.grad_accum
+            tokens += batch.num_tokens
+            vision_tokens += batch.num_vision_tokens
+        return total, tokens, vision_tokens
+
+    def _grad_norm(self) -> float:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.cfg.max_grad_norm is None:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(p.grad) for p in params]))
+        else:
+            norm = self.accelerator.clip_grad_norm_(params, self.cfg.max_grad_norm)
+        return float(norm)
+
+    def _discard_step(self) -> None:
+        """A skipped step leaves no trace: gradients, recorded max logits and expert loads are dropped."""
+        self.skipped += 1
+        self.nonfinite_in_a_row += 1
+        for module in self.raw_model.modules():
+            if getattr(module, "record_max_logits", False):
+                module.max_logits = None
+        for router in self.routers.values():
+            router.expert_load.zero_()
+
+    def _update_router_biases(self) -> dict[str, float]:
+        """Aux-loss-free balancing from this step's loads (summed over ranks); returns max/mean load per layer."""
+        out = {}
+        for name, router in self.routers.items():
+            if self.accelerator.num_processes > 1:
+                torch.distributed.all_reduce(router.expert_load)
+            load = router.update_router_bias(self.cfg.router_bias_rate)
+            if load.sum() > 0:
+                out[name] = float(load.max() / load.mean())
+        return out
+
+    def _max_logits(self) -> dict[str, float]:
+        maxima = getattr(self.optimizer, "last_max_logits", None)
+        if maxima is None:  # accelerate wraps the optimizer
+            maxima = getattr(getattr(self.optimizer, "optimizer", None), "last_max_logits", {})
+        return {name: float(s.max()) for name, s in maxima.items()}
+
+    @torch.no_grad()
+    def evaluate(self) -> float:
+        """Mean loss over `val_batches` batches of the validation data (the same batches every time)."""
+        self.model.eval()
+        losses = []
+        for i in range(self.cfg.val_batches):
+            batch = self.val_data.batch(i).to(self.accelerator.device)
+            with self.accelerator.autocast():
+                losses.append(float(self.model(**batch.model_inputs()).loss))
+        for router in self.routers.values():
+            router.expert_load.zero_()
+        self.model.train()
+        return sum(losses) / len(losses)
+
+    # -- state ----------------------------------------------------------------------------------------------------
+    def _log(self, record: dict[str, Any]) -> None:
+        if self.accelerator.is_main_process:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            with open(self.metrics_path, "a") as f:
+                f.write(json.dumps(record) + "\n")
+
+    def save_state(self) -> Path | None:
+        self.accelerator.wait_for_everyone()
+        if not self.accelerator.is_main_process:
+            return None
+        state = {"tokens": self.tokens, "skipped": self.skipped, "nonfinite_in_a_row": self.nonfinite_in_a_row,
+                 "config": asdict(self.cfg)}
+        return save_checkpoint(self.state_dir, self.step, model=self.raw_model, optimizer=self.optimizer,
+                               trainer_state=state, keep=self.cfg.keep_checkpoints)
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.state_dir)
+        if path is None:
+            if self.accelerator.is_main_process and self.metrics_path.exists():
+                self.metrics_path.unlink()  # a fresh run: no stale curve from an earlier attempt
+            return
+        state = load_checkpoint(path, model=self.raw_model, optimizer=self.optimizer)
+        self.step, self.tokens = state["step"], state["tokens"]
+        self.skipped, self.nonfinite_in_a_row = state["skipped"], state["nonfinite_in_a_row"]
+        if self.accelerator.is_main_process and self.metrics_path.exists():
+            kept = [line for line in self.metrics_path.read_text().splitlines()
+                    if line and json.loads(line)["step"] <= self.step]
+            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+
+
+def read_metrics(path: str | Path) -> list[dict[str, Any]]:
+    """The JSONL metrics written by `Trainer` (one dict per step)."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

@@ -1,0 +1,175 @@
+"""The trainer: WSD schedule, learning, exact resume, atomic checkpoints, the non-finite guard."""
+
+import json
+from dataclasses import dataclass
+
+import pytest
+import torch
+
+from kimi_vl.errors import CheckpointError, TrainingDivergedError
+from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
+from kimi_vl.training import checkpoint as ckpt
+from kimi_vl.training.plots import plot_metrics
+from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics, unigram_entropy, wsd_lr
+
+V = 40
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor
+    labels: torch.Tensor
+    cu_seqlens: torch.Tensor
+
+    def model_inputs(self) -> dict:
+        return {"input_ids": self.input_ids, "labels": self.labels, "cu_seqlens": self.cu_seqlens}
+
+    def to(self, device):
+        return self
+
+    num_tokens = property(lambda self: self.input_ids.numel())
+    num_vision_tokens = 0
+
+
+class CountingData:
+    """Documents counting upwards mod V from a random start: the next token is learnable, the unigram is not."""
+
+    def __init__(self, seed: int = 0, docs: int = 4, length: int = 16, fail_at: int | None = None):
+        self.seed, self.docs, self.length, self.fail_at = seed, docs, length, fail_at
+
+    def batch(self, index: int) -> Batch:
+        if index == self.fail_at:
+            raise KeyboardInterrupt("simulated kill")
+        g = torch.Generator().manual_seed(self.seed * 100003 + index)
+        starts = torch.randint(3, V, (self.docs, 1), generator=g)
+        ids = 3 + (starts - 3 + torch.arange(self.length)) % (V - 3)
+        ids = ids.reshape(1, -1)
+        cu = torch.arange(0, self.docs * self.length + 1, self.length, dtype=torch.int32)
+        return Batch(ids, ids.clone(), cu)
+
+
+def tiny_lm(seed: int = 0) -> KimiTextForCausalLM:
+    torch.manual_seed(seed)
+    return KimiTextForCausalLM(KimiTextConfig(
+        vocab_size=V, hidden_size=32, intermediate_size=48, moe_intermediate_size=16, num_hidden_layers=4,
+        num_attention_heads=2, kv_lora_rank=12, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, num_experts=4,
+        num_experts_per_tok=2, kda_head_dim=8, kda_num_heads=2, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    ))
+
+
+def cfg(**kw) -> TrainConfig:
+    base = dict(steps=8, lr=1e-2, warmup_steps=2, checkpoint_every=4, progress=False, val_batches=2)
+    return TrainConfig(**{**base, **kw})
+
+
+def test_wsd_schedule():
+    c = TrainConfig(steps=100, lr=1.0, warmup_steps=10, decay_fraction=0.2, min_lr_ratio=0.1)
+    lrs = [wsd_lr(s, c) for s in range(100)]
+    assert lrs[0] == pytest.approx(0.1) and lrs[9] == pytest.approx(1.0)
+    assert all(lr == 1.0 for lr in lrs[10:80])
+    assert all(a > b for a, b in zip(lrs[80:], lrs[81:]))
+    assert lrs[99] == pytest.approx(0.1)
+
+
+def test_trainer_learns_and_logs(tmp_path):
+    data = CountingData()
+    trainer = Trainer(tiny_lm(), data, cfg(steps=30, lr=2e-2), tmp_path, val_data=CountingData(seed=1))
+    last = trainer.train()
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == list(range(1, 31))
+    baseline = unigram_entropy(data)
+    assert baseline > 3.0  # ~log(37): counting from a random start is uniform over tokens
+    assert last["val_loss"] < 0.6 * baseline and metrics[-1]["loss"] < metrics[0]["loss"] - 1.0
+    mla = [k for k in metrics[-1]["max_logits"]]
+    assert mla == ["model.layers.3.self_attn"]  # the one MLA layer of the 3:1 hybrid, recorded every step
+    # first_k_dense=1: layers 1-3 are MoE
+    assert len(metrics[-1]["expert_load"]) == 3 and all(v >= 1.0 for v in metrics[-1]["expert_load"].values())
+    paths = plot_metrics(metrics, tmp_path / "plots", baseline=baseline)
+    assert {p.name for p in paths} == {"loss.png", "max_logits.png", "grad_norm.png", "expert_load.png"}
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in paths)
+
+
+def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
+    full = tmp_path / "full"
+    Trainer(tiny_lm(), CountingData(), cfg(grad_accum=2), full).train()
+    reference = read_metrics(full / "metrics.jsonl")
+
+    cut = tmp_path / "cut"
+    killed = CountingData(fail_at=2 * 6)  # dies in step 7, after the step-4 checkpoint
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny_lm(), killed, cfg(grad_accum=2), cut).train()
+    assert len(read_metrics(cut / "metrics.jsonl")) == 6
+    assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000004"]
+    resumed = Trainer(tiny_lm(seed=123), CountingData(), cfg(grad_accum=2), cut)  # other init: state must win
+    resumed.train()
+    got = read_metrics(cut / "metrics.jsonl")
+    assert [m["step"] for m in got] == list(range(1, 9))
+    for a, b in zip(reference, got):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["max_logits"] == b["max_logits"]
+    for (name, p), q in zip(resumed.raw_model.named_parameters(), tiny_lm().parameters()):
+        assert p.shape == q.shape, name
+
+
+def test_interrupted_checkpoint_write_never_loads(tmp_path, monkeypatch):
+    model = tiny_lm()
+    trainer = Trainer(model, CountingData(), cfg(steps=2, checkpoint_every=100), tmp_path)
+    trainer.train()
+    good = ckpt.latest_checkpoint(tmp_path / "state")
+    assert good is not None and good.name == "step_00000002"
+
+    real_save = torch.save
+
+    def dying_save(obj, f, *a, **k):
+        if str(f).endswith("rng.pt"):
+            raise OSError("disk full")
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", dying_save)
+    with pytest.raises(OSError):
+        ckpt.save_checkpoint(tmp_path / "state", 3, model=model, optimizer=trainer.optimizer, trainer_state={})
+    monkeypatch.undo()
+    assert ckpt.latest_checkpoint(tmp_path / "state") == good  # the half-written step 3 is invisible
+    assert any(".tmp" in p.name for p in (tmp_path / "state").iterdir())
+    with pytest.raises(CheckpointError, match="not a complete"):
+        partial = next(p for p in (tmp_path / "state").iterdir() if ".tmp" in p.name)
+        ckpt.load_checkpoint(partial, model=model, optimizer=trainer.optimizer)
+    state = ckpt.load_checkpoint(good, model=model, optimizer=trainer.optimizer)
+    assert state["step"] == 2 and json.loads((good / "trainer_state.json").read_text())["tokens"] == 2 * 64
+
+
+def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
+    model = tiny_lm()
+    poisoned = {2, 3, 5, 6, 7}  # 0-based optimizer steps whose loss is NaN
+
+    class Poison:
+        step = 0
+
+    def hook(module, args, output):
+        return output * float("nan") if Poison.step in poisoned else output
+
+    model.model.embed_tokens.register_forward_hook(hook)
+    data = CountingData()
+    trainer = Trainer(model, data, cfg(steps=10, nan_patience=3, checkpoint_every=100), tmp_path)
+    real_batch = data.batch
+
+    def batch(index):
+        Poison.step = index
+        return real_batch(index)
+
+    data.batch = batch
+    before = {}
+
+    real_step = trainer.optimizer.step
+
+    def step(*a, **k):
+        before[trainer.step] = True
+        return real_step(*a, **k)
+
+    trainer.optimizer.step = step
+    with pytest.raises(TrainingDivergedError, match="3 steps in a row"):
+        trainer.train()
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["skipped"] for m in metrics] == [False, False, True, True, False, True, True, True]
+    assert sorted(before) == [0, 1, 4]  # the optimizer never ran on a poisoned step
+    assert metrics[-1]["skipped_total"] == 5
+    assert all(torch.isfinite(p).all() for p in model.parameters())
