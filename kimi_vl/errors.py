@@ -24,3 +24,8 @@ class CheckpointError(KimiVLError, OSError):
 
 class TrainingDivergedError(KimiVLError, RuntimeError):
     """Training produced non-finite losses or gradients for too many steps in a row."""
+
+
+class DataUnavailableError(KimiVLError, OSError):
+    """Benchmark data could not be loaded from the hub or from the given local directory; the message says
+    which files are expected where."""

@@ -1,0 +1,273 @@
+"""Batched greedy generation for evaluation: Kimi-VL models and any transformers `AutoModelForCausalLM` /
+`AutoModelForImageTextToText` with its tokenizer / processor.
+
+`Engine.from_pretrained(dir)` picks the model class from the checkpoint's config (image-text-to-text when the
+config is registered for `AutoModelForImageTextToText`, else causal LM; importing `kimi_vl` registers ours), and
+the processor (vision models) or tokenizer (text models). `Engine.generate` takes a batch of `GenerationRequest`:
+a raw prompt (`chat=False`, tokenized as is, with the tokenizer's own special tokens such as BOS) or a user turn
+(`chat=True`, rendered with the chat template, image part first when there is an image), left-pads them, decodes
+greedily up to `max_new_tokens`, stops a row at an end-of-sequence id or a stop string, and returns the new text
+(without the stop string, special tokens skipped).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..errors import CheckpointError, ConfigError
+
+
+@dataclass
+class GenerationRequest:
+    """One prompt: `text` is the whole raw prompt (`chat=False`) or the user's message (`chat=True`)."""
+
+    text: str
+    chat: bool = False
+    image: Any = None  # a PIL image, or None
+
+
+class _StopOnStrings:
+    """Stopping criterion: a row is done once its new text contains one of `stops` (checked on a window of the
+    last tokens, so each step costs O(window))."""
+
+    def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_len: int, window: int = 32) -> None:
+        self.tokenizer, self.stops, self.prompt_len, self.window = tokenizer, tuple(stops), prompt_len, window
+        self.done: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.Tensor, scores: Any = None, **kwargs: Any) -> torch.Tensor:
+        if self.done is None:
+            self.done = torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+        start = max(self.prompt_len, input_ids.shape[1] - self.window)
+        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+        hit = torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
+        self.done = self.done | hit
+        return self.done
+
+
+def cut_at_stop(text: str, stops: Sequence[str]) -> str:
+    """`text` up to (not including) the earliest occurrence of any stop string."""
+    cut = len(text)
+    for s in stops:
+        i = text.find(s)
+        if i >= 0:
+            cut = min(cut, i)
+    return text[:cut]
+
+
+def first_line(text: str) -> str:
+    """The first non-empty line of `text`, stripped (a local extractor model's answer)."""
+    return next((line.strip() for line in text.splitlines() if line.strip()), "")
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+    ids: list[int] = []
+    for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
+        value = getattr(source, "eos_token_id", None)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, int) and v >= 0 and v not in ids:
+                ids.append(v)
+    # Kimi tokenizers: <|im_end|> ends a chat turn, [EOS] a raw document; both end a generation.
+    vocab = tokenizer.get_vocab()
+    for token in ("<|im_end|>", "[EOS]"):
+        if token in vocab and "<|im_middle|>" in vocab and vocab[token] not in ids:
+            ids.append(vocab[token])
+    return ids
+
+
+@dataclass
+class Engine:
+    """A model ready for batched greedy generation (see the module docstring).
+
+    Built by `from_pretrained`, or directly from an in-memory model and its tokenizer (and processor, for images)
+    to evaluate a model during training: generation runs in eval mode and restores the model's mode and the
+    tokenizer's padding side afterwards (a tokenizer without a pad token gets its eos token as pad token).
+    """
+
+    model: Any
+    tokenizer: Any
+    processor: Any = None
+    name: str = "model"
+    notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        tok = self.tokenizer
+        if tok.pad_token is None:
+            if tok.eos_token is None:
+                raise ConfigError(
+                    f"the tokenizer of {self.name} has neither a pad nor an eos token; set tokenizer.pad_token."
+                )
+            tok.pad_token = tok.eos_token
+        self.eos_token_ids = _eos_ids(self.model, tok)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: str | os.PathLike,
+        *,
+        device: str | None = None,
+        dtype: str = "auto",
+        trust_remote_code: bool = False,
+    ) -> Engine:
+        """Load a saved model directory (our models or any transformers causal / image-text-to-text model).
+
+        Args:
+            device: `"cuda"`, `"cpu"`, ...; default CUDA when available.
+            dtype: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`, `"bfloat16"` or `"float16"`.
+
+        Raises:
+            CheckpointError: not a model directory, or the model / tokenizer cannot be loaded.
+        """
+        import transformers
+        from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
+
+        import kimi_vl  # noqa: F401 - registers the Kimi-VL Auto classes
+
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise CheckpointError(
+                f"{path} is not a saved model directory (no config.json); pass the folder written by "
+                "save_pretrained (model weights + config + tokenizer/processor files)."
+            )
+        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        if dtype == "auto":
+            torch_dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+        elif dtype in ("float32", "bfloat16", "float16"):
+            torch_dtype = getattr(torch, dtype)
+        else:
+            raise ConfigError(f"dtype must be auto, float32, bfloat16 or float16; got {dtype!r}.")
+        try:
+            config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+            vision = type(config) in AutoModelForImageTextToText._model_mapping or any(
+                "ImageTextToText" in k for k in (getattr(config, "auto_map", None) or {})
+            )
+            auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
+            model = auto.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            processor = None
+            if vision:
+                processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
+                tokenizer = getattr(processor, "tokenizer", processor)
+            else:
+                tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CheckpointError(
+                f"could not load {path} as a transformers model with its tokenizer / processor: {exc}. Check that the "
+                "directory holds config.json, the weights and the tokenizer files (pass --trust-remote-code for "
+                "remote-code models)."
+            ) from exc
+        model.to(device)
+        return cls(model=model, tokenizer=tokenizer, processor=processor, name=str(path))
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
+    def supports_images(self) -> bool:
+        """Whether the engine has an image processor (images are passed); text-only models see the text alone."""
+        return self.processor is not None and getattr(self.processor, "image_processor", None) is not None
+
+    @property
+    def has_chat_template(self) -> bool:
+        owner = self.processor if self.processor is not None else self.tokenizer
+        return bool(getattr(owner, "chat_template", None) or getattr(self.tokenizer, "chat_template", None))
+
+    def max_length(self, default: int) -> int:
+        """The model's context length from its config (`max_position_embeddings`), else `default`."""
+        config = getattr(self.model, "config", None)
+        for c in (config, getattr(config, "text_config", None)):
+            value = getattr(c, "max_position_embeddings", None)
+            if isinstance(value, int) and value > 0:
+                return min(default, value)
+        return default
+
+    def info(self) -> dict[str, Any]:
+        """What was evaluated, for reports."""
+        return {
+            "name": self.name,
+            "class": type(self.model).__name__,
+            "device": str(self.device),
+            "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
+            "images": self.supports_images,
+            "chat_template": self.has_chat_template,
+        }
+
+    # ------------------------------------------------------------------ prompts
+    def render(self, request: GenerationRequest) -> str:
+        """The prompt text the model sees (before placeholder expansion)."""
+        if not request.chat or not self.has_chat_template:
+            return request.text
+        if request.image is not None and self.supports_images:
+            content: Any = [{"type": "image"}, {"type": "text", "text": request.text}]
+        else:
+            content = request.text
+        owner = self.processor if self.processor is not None else self.tokenizer
+        messages = [{"role": "user", "content": content}]
+        return owner.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+    def count_tokens(self, text: str) -> int:
+        """Tokens of a raw prompt (with the tokenizer's own special tokens)."""
+        return len(self.tokenizer(text)["input_ids"])
+
+    # ------------------------------------------------------------------ generation
+    @torch.no_grad()
+    def generate(
+        self, requests: Sequence[GenerationRequest], *, max_new_tokens: int, stop: Sequence[str] = ()
+    ) -> list[str]:
+        """Greedy continuations of one batch of requests (left-padded), new text only."""
+        from transformers import GenerationConfig, StoppingCriteriaList
+
+        if not requests:
+            return []
+        texts = [self.render(r) for r in requests]
+        chat = any(r.chat and self.has_chat_template for r in requests)
+        images = [r.image for r in requests if r.image is not None] if self.supports_images else []
+        side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"  # restored below: may be shared
+        try:
+            if images:
+                inputs = self.processor(text=texts, images=images, padding=True, return_tensors="pt",
+                                        add_special_tokens=not chat)
+            else:
+                inputs = self.tokenizer(texts, padding=True, return_tensors="pt", add_special_tokens=not chat)
+        finally:
+            self.tokenizer.padding_side = side
+        inputs = {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in inputs.items()}
+        prompt_len = inputs["input_ids"].shape[1]
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
+            eos_token_id=self.eos_token_ids or None, pad_token_id=self.tokenizer.pad_token_id,
+        )
+        criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, prompt_len)] if stop else [])
+        training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(**inputs, generation_config=config, stopping_criteria=criteria)
+        finally:
+            self.model.train(training)
+        results = []
+        for row in out[:, prompt_len:].tolist():
+            end = next((i for i, t in enumerate(row) if t in self.eos_token_ids), len(row))
+            text = self.tokenizer.decode(row[:end], skip_special_tokens=True)
+            results.append(cut_at_stop(text, stop))
+        return results
+
+    def as_extractor(self, *, max_new_tokens: int = 64, batch: dict[str, str] | None = None):
+        """A `prompt -> text` callable (the MathVista LLM extractor): greedy, through the chat template when there
+        is one, first line of the answer. With `batch`, answers are looked up there first (precomputed)."""
+
+        def extract(prompt: str) -> str:
+            if batch is not None and prompt in batch:
+                return batch[prompt]
+            return first_line(self.generate([GenerationRequest(prompt, chat=True)], max_new_tokens=max_new_tokens)[0])
+
+        return extract
+
+
+__all__ = ["Engine", "GenerationRequest", "cut_at_stop", "first_line"]

@@ -1,0 +1,268 @@
+"""MMLU-Pro with the official 5-shot chain-of-thought protocol (TIGER-AI-Lab/MMLU-Pro, `evaluate_from_local.py`).
+
+Protocol, reproduced from its description (reference/training_eval.md §3), quirks included:
+
+- Data: `TIGER-Lab/MMLU-Pro` splits `test` (12,032 questions) and `validation` (70 = 5 per category, with
+  `cot_content`). Options equal to `"N/A"` (padding) are dropped.
+- Prompt (a raw completion prompt, no chat template): the header `INITIAL_PROMPT` with `{$}` replaced by the
+  category, plus one more newline (so the sentence is followed by four newlines); then the first `k` validation
+  rows of the question's category, each as `Question:\\n{q}\\nOptions:\\nA. {o}\\n...` followed by its
+  `cot_content` with `"A: Let's think step by step."` replaced by `"Answer: Let's think step by step."` and
+  `"\\n\\n"`; then the question in the same form ending with `Answer: Let's think step by step.` (no newline).
+  `k` starts at 5 and is decreased while the prompt has `max_model_length - max_new_tokens` tokens or more
+  (4096 - 2048 officially).
+- Generation: greedy, at most 2048 new tokens, stop at `"Question:"` (the stop string is not part of the
+  response).
+- Extraction (`extract_answer`): the first match of `answer is \\(?([A-J])\\)?`; else of
+  `.*[aA]nswer:\\s*([A-J])`; else the last standalone capital letter A-J (`\\b[A-J]\\b(?!.*\\b[A-J]\\b)`, DOTALL);
+  else None.
+- Scoring (`score`): a question without a prediction gets a random guess `randint(0, len(options) - 1)` drawn
+  right after `random.seed(12345)` - the official script re-seeds before *every* guess, so the guess depends only
+  on the number of options (quirk, reproduced); it counts as correct iff it equals `answer_index`. Accuracy per
+  category is correct / (correct + wrong); the overall accuracy is the micro average over all questions (the
+  official script adds 1e-6 to the denominator; it is left out here, a difference below 1e-8 for 12,032 rows).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from ..errors import ConfigError
+from .data import DataUnavailableError, load_hub_dataset, load_local_split
+
+HF_REPO = "TIGER-Lab/MMLU-Pro"
+TASK_DIRS = ("mmlu_pro", "MMLU-Pro", "mmlu-pro")
+
+CATEGORIES: tuple[str, ...] = (
+    "biology", "business", "chemistry", "computer science", "economics", "engineering", "health", "history", "law",
+    "math", "other", "philosophy", "physics", "psychology",
+)
+"""The 14 categories (note the space in "computer science")."""
+
+CHOICES = "ABCDEFGHIJKLMNOP"
+"""Option letters, in order (the official list runs to P; MMLU-Pro has at most 10 options)."""
+
+INITIAL_PROMPT = (
+    "The following are multiple choice questions (with answers) about {$}. Think step by step and then finish your "
+    'answer with "the answer is (X)" where X is the correct letter choice.\n\n\n'
+)
+"""`cot_prompt_lib/initial_prompt.txt` as the official script reads it (three trailing newlines; the script
+appends a fourth)."""
+
+COT_PREFIX_SHOT = "A: Let's think step by step."
+COT_PREFIX = "Answer: Let's think step by step."
+STOP = ("Question:",)
+"""Stop strings of the official generation (vLLM `stop`)."""
+
+NUM_SHOTS = 5
+MAX_MODEL_LENGTH = 4096
+MAX_NEW_TOKENS = 2048
+RANDOM_SEED = 12345
+
+PATTERNS: tuple[str, ...] = (
+    r"answer is \(?([A-J])\)?",
+    r".*[aA]nswer:\s*([A-J])",
+    r"\b[A-J]\b(?!.*\b[A-J]\b)",
+)
+"""The official extraction chain, in order; the third is searched with `re.DOTALL` and has no group."""
+
+_COMPILED = (re.compile(PATTERNS[0]), re.compile(PATTERNS[1]), re.compile(PATTERNS[2], re.DOTALL))
+
+
+# ---------------------------------------------------------------------------------------------------------- data
+def preprocess(row: dict[str, Any]) -> dict[str, Any]:
+    """A copy of `row` with plain-Python `options` minus the `"N/A"` padding entries."""
+    out = dict(row)
+    out["options"] = [opt for opt in list(row["options"]) if opt != "N/A"]
+    return out
+
+
+_LAYOUT_HINT = (
+    "pass --data-dir DIR with the MMLU-Pro files in the dataset's schema (question_id, question, options, answer, "
+    "answer_index, cot_content, category, src): DIR/mmlu_pro/test*.parquet|jsonl|json and "
+    "DIR/mmlu_pro/validation*.parquet|jsonl|json (e.g. from `huggingface-cli download TIGER-Lab/MMLU-Pro "
+    "--repo-type dataset --local-dir DIR/mmlu_pro` on a machine with network access)"
+)
+
+
+def load_mmlu_pro(data_dir: str | os.PathLike | None = None) -> tuple[list[dict], list[dict]]:
+    """The preprocessed `(test, validation)` rows, from `data_dir` when given, else from the hub.
+
+    Raises:
+        DataUnavailableError: the hub is unreachable (pass `data_dir`), or the local files are missing.
+    """
+    if data_dir is not None:
+        test, _ = load_local_split(data_dir, TASK_DIRS, "test")
+        val, _ = load_local_split(data_dir, TASK_DIRS, "validation")
+    else:
+        ds = load_hub_dataset(HF_REPO, None, hint=_LAYOUT_HINT)
+        test, val = list(ds["test"]), list(ds["validation"])
+    missing = [f for f in ("question", "options", "answer", "answer_index", "category") if test and f not in test[0]]
+    if missing:
+        raise DataUnavailableError(f"MMLU-Pro test rows lack the fields {missing}; {_LAYOUT_HINT}.")
+    return [preprocess(r) for r in test], [preprocess(r) for r in val]
+
+
+def select_by_category(rows: Iterable[dict], category: str) -> list[dict]:
+    """Rows of one category, in order."""
+    return [r for r in rows if r["category"] == category]
+
+
+def ordered_items(test: Sequence[dict], limit: int | None = None) -> list[dict]:
+    """Test rows in the official evaluation order (categories sorted, rows in dataset order within each).
+
+    With `limit`, the first `limit` rows taken round-robin over the categories (one from each in turn), so a
+    small limit still covers every category.
+    """
+    cats = sorted({r["category"] for r in test})
+    per_cat = [select_by_category(test, c) for c in cats]
+    if limit is None:
+        return [r for rows in per_cat for r in rows]
+    if limit < 0:
+        raise ConfigError(f"limit must be >= 0, got {limit}.")
+    picked: list[list[dict]] = [[] for _ in cats]
+    taken, depth = 0, 0
+    while taken < limit and any(depth < len(rows) for rows in per_cat):
+        for i, rows in enumerate(per_cat):
+            if depth < len(rows) and taken < limit:
+                picked[i].append(rows[depth])
+                taken += 1
+        depth += 1
+    return [r for rows in picked for r in rows]
+
+
+# ------------------------------------------------------------------------------------------------------- prompts
+def format_cot_example(example: dict[str, Any], including_answer: bool = True) -> str:
+    """One question block: `Question:\\n{q}\\nOptions:\\nA. ...\\n` plus the rewritten `cot_content` and a blank
+    line (a shot), or `Answer: Let's think step by step.` (the question to answer)."""
+    text = "Question:\n" + example["question"] + "\n" + "Options:\n"
+    for letter, option in zip(CHOICES, example["options"]):
+        text += f"{letter}. {option}\n"
+    if including_answer:
+        text += example["cot_content"].replace(COT_PREFIX_SHOT, COT_PREFIX) + "\n\n"
+    else:
+        text += COT_PREFIX
+    return text
+
+
+def build_prompt(val_rows: Sequence[dict], row: dict[str, Any], k: int = NUM_SHOTS) -> str:
+    """The official k-shot CoT prompt for test `row`: the header for its category, the first `k` validation rows
+    of that category as worked examples, then the question."""
+    category = row["category"]
+    shots = select_by_category(val_rows, category)[: max(k, 0)]
+    prompt = INITIAL_PROMPT.replace("{$}", category) + "\n"
+    for shot in shots:
+        prompt += format_cot_example(shot, including_answer=True)
+    return prompt + format_cot_example(row, including_answer=False)
+
+
+def build_prompt_within_budget(
+    val_rows: Sequence[dict],
+    row: dict[str, Any],
+    count_tokens: Callable[[str], int],
+    *,
+    k: int = NUM_SHOTS,
+    max_model_length: int = MAX_MODEL_LENGTH,
+    max_new_tokens: int = MAX_NEW_TOKENS,
+) -> tuple[str, int]:
+    """`(prompt, shots)`: the prompt with the most shots (at most `k`, and at most the category's validation rows)
+    whose token count is below `max_model_length - max_new_tokens`, as the official script chooses it; `shots` is
+    the number of worked examples in the prompt.
+
+    Deviation: the official loop keeps decreasing `k` below 0 (where `val[:k]` wraps around); here it stops at
+    0 shots and returns the 0-shot prompt even if that is still too long.
+    """
+    budget = max_model_length - max_new_tokens
+    available = len(select_by_category(val_rows, row["category"]))
+    for shots in range(min(max(k, 0), available), -1, -1):
+        prompt = build_prompt(val_rows, row, shots)
+        if shots == 0 or count_tokens(prompt) < budget:
+            return prompt, shots
+    raise AssertionError("unreachable")  # pragma: no cover
+
+
+# ---------------------------------------------------------------------------------------------------- extraction
+def extract_answer(text: str, level: int = 3) -> str | None:
+    """The option letter the response `text` gives, or None.
+
+    `level=3` is the current official chain (first match of each pattern of `PATTERNS` in order), `level=2` the
+    first two patterns, `level=1` the first pattern alone (what produced the `pred` fields of the official result
+    dumps). The random fallback for None belongs to scoring (`score`).
+    """
+    if level not in (1, 2, 3):
+        raise ConfigError(f"level must be 1, 2 or 3, got {level}.")
+    if text is None:
+        return None
+    for pattern in _COMPILED[:level]:
+        match = pattern.search(text)
+        if match:
+            return match.group(1) if pattern.groups else match.group(0)
+    return None
+
+
+def random_guess(num_options: int, seed: int = RANDOM_SEED) -> int:
+    """The official fallback guess for a question with `num_options` options: `random.seed(seed)` then
+    `random.randint(0, num_options - 1)` (the global RNG is left untouched)."""
+    return random.Random(seed).randint(0, num_options - 1)
+
+
+def is_correct(row: dict[str, Any], pred: str | None) -> bool:
+    """Official per-question correctness: `pred == answer`, or for a missing prediction the random guess."""
+    if not pred:
+        return random_guess(len(row["options"])) == row["answer_index"]
+    return pred == row["answer"]
+
+
+def score(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """Accuracy over all records and per category.
+
+    Each record needs `category`, `answer`, `answer_index`, `options` and `pred` (the extracted letter or None).
+    Returns `{"accuracy", "correct", "total", "random_guesses", "categories": {category: {"accuracy",
+    "correct", "total"}}}` with categories sorted by name; accuracies are fractions in [0, 1].
+    """
+    cats: dict[str, list[int]] = {}
+    guesses = 0
+    for rec in records:
+        guesses += not rec["pred"]
+        c = cats.setdefault(rec["category"], [0, 0])
+        c[0] += is_correct(rec, rec["pred"])
+        c[1] += 1
+    correct = sum(c for c, _ in cats.values())
+    total = sum(t for _, t in cats.values())
+    return {
+        "accuracy": correct / total if total else 0.0,
+        "correct": correct,
+        "total": total,
+        "random_guesses": guesses,
+        "categories": {
+            name: {"accuracy": c / t if t else 0.0, "correct": c, "total": t} for name, (c, t) in sorted(cats.items())
+        },
+    }
+
+
+__all__ = [
+    "CATEGORIES",
+    "CHOICES",
+    "HF_REPO",
+    "INITIAL_PROMPT",
+    "MAX_MODEL_LENGTH",
+    "MAX_NEW_TOKENS",
+    "NUM_SHOTS",
+    "PATTERNS",
+    "STOP",
+    "build_prompt",
+    "build_prompt_within_budget",
+    "extract_answer",
+    "format_cot_example",
+    "is_correct",
+    "load_mmlu_pro",
+    "ordered_items",
+    "preprocess",
+    "random_guess",
+    "score",
+    "select_by_category",
+]

@@ -1,0 +1,57 @@
+"""Offline proxies of the two benchmarks, built from the synthetic world (`kimi_vl.training.data.world`).
+
+- `mmlu_pro_synth`: multiple-choice questions in the MMLU-Pro schema (`mmlu_pro_rows`), evaluated exactly like
+  MMLU-Pro (same 5-shot CoT prompt with worked examples drawn from a separate seed, same extraction and scoring).
+- `mathvista_synth`: image problems in the MathVista testmini schema (`mathvista_rows`, images written under the
+  output directory), with the official query construction, extraction, normalisation and scores.
+
+They need no download and measure the same skills on the world's own distribution; they are NOT the benchmarks
+and every report labels them "(synthetic proxy)". The default seed (`PROXY_SEED`) is far from the small seeds
+training streams use, to keep proxy items apart from training samples.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ..training.data import world
+from .mathvista import build_query
+from .mmlu_pro import preprocess
+
+PROXY_SEED = 90_210
+MMLU_PRO_SYNTH_SIZE = 140
+MATHVISTA_SYNTH_SIZE = 100
+SHOT_POOL = 140
+"""Rows generated (from `seed + 1`) to pick the per-category worked examples of `mmlu_pro_synth` from."""
+
+
+def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED) -> tuple[list[dict], list[dict]]:
+    """`(test, validation)` rows of the MMLU-Pro proxy (validation rows carry `cot_content`)."""
+    test = [preprocess(r) for r in world.mmlu_pro_rows(n, seed)]
+    pool = [preprocess(r) for r in world.mmlu_pro_rows(max(SHOT_POOL, n), seed + 1)]
+    val = [r for r in pool if r.get("cot_content")]
+    return test, val
+
+
+def mathvista_synth(
+    image_dir: str | os.PathLike, n: int = MATHVISTA_SYNTH_SIZE, seed: int = PROXY_SEED
+) -> dict[str, dict[str, Any]]:
+    """`{pid: row}` of the MathVista proxy; images are written under `image_dir` and each row gets its `query`
+    (official construction) when the world left it out."""
+    root = Path(image_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    rows = world.mathvista_rows(n, seed, root)
+    out: dict[str, dict[str, Any]] = {}
+    for pid, row in rows.items():
+        row = dict(row)
+        row.setdefault("pid", str(pid))
+        if not row.get("query"):
+            row["query"] = build_query(row)
+        row.setdefault("_image_root", str(root))
+        out[str(pid)] = row
+    return out
+
+
+__all__ = ["MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_SEED", "mathvista_synth", "mmlu_pro_synth"]

@@ -1,0 +1,108 @@
+"""Evaluation reports: `report.json` (everything), `report.md` (overall + per-category tables, settings,
+deviations from the official protocols) and one `<task>_categories.png` bar plot per task.
+
+A task entry (as built by `kimi_vl.eval.runner`) holds at least `title`, `proxy`, `accuracy` (fraction),
+`correct`, `total` and `categories` (`{name: {"accuracy", "correct", "total"}}`); proxies are labelled
+"(synthetic proxy)" everywhere.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+PROXY_LABEL = "(synthetic proxy)"
+
+
+def task_title(entry: dict[str, Any]) -> str:
+    """The task's display title, with the proxy label for proxies."""
+    title = entry.get("title", entry.get("task", "task"))
+    return f"{title} {PROXY_LABEL}" if entry.get("proxy") and PROXY_LABEL not in title else title
+
+
+def _pct(x: float) -> str:
+    return f"{100 * x:.2f}%"
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    """The Markdown report."""
+    model = report.get("model", {})
+    lines = ["# Evaluation report", "", f"Model: `{model.get('name', '?')}` ({model.get('class', '?')}, "
+             f"{model.get('device', '?')}, {model.get('dtype', '?')})", ""]
+    lines += ["| task | accuracy | correct | total |", "|---|---|---|---|"]
+    for entry in report["tasks"].values():
+        lines.append(f"| {task_title(entry)} | {_pct(entry['accuracy'])} | {entry['correct']} | {entry['total']} |")
+    for name, entry in report["tasks"].items():
+        lines += ["", f"## {task_title(entry)}", ""]
+        if entry.get("proxy"):
+            lines += ["Built from the synthetic world: a proxy in the benchmark's format, not the benchmark.", ""]
+        lines.append(f"Accuracy {_pct(entry['accuracy'])} ({entry['correct']}/{entry['total']}).")
+        if "random_guesses" in entry:
+            lines.append(f"Questions scored by the official random guess (no answer extracted): "
+                         f"{entry['random_guesses']}.")
+        if "leaderboard" in entry:
+            cols = entry["leaderboard"]
+            lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
+                      "| " + " | ".join(f"{v:.2f}" for v in cols.values()) + " |"]
+        lines += ["", f"| {entry.get('category_label', 'category')} | accuracy | correct | total |",
+                  "|---|---|---|---|"]
+        for cat, c in entry["categories"].items():
+            lines.append(f"| {cat} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} |")
+        if entry.get("plot"):
+            lines += ["", f"![{name}]({entry['plot']})"]
+        if entry.get("settings"):
+            lines += ["", "Settings: " + ", ".join(f"{k}={v}" for k, v in entry["settings"].items()) + "."]
+        if entry.get("deviations"):
+            lines += ["", "Deviations from the official protocol:"] + [f"- {d}" for d in entry["deviations"]]
+    return "\n".join(lines) + "\n"
+
+
+def plot_categories(entry: dict[str, Any], path: str | os.PathLike) -> Path:
+    """A horizontal bar plot of the per-category accuracies of one task (overall accuracy as a dashed line)."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    cats = entry["categories"]
+    names = list(cats)
+    values = [100 * cats[n]["accuracy"] for n in names]
+    fig, ax = plt.subplots(figsize=(7, 0.35 * max(len(names), 3) + 1.2))
+    try:
+        ax.barh(range(len(names)), values, color="#4C72B0")
+        for i, v in enumerate(values):
+            ax.text(min(v + 1, 88), i, f"{v:.1f}", va="center", fontsize=7)
+        ax.set_yticks(range(len(names)), [f"{n} ({cats[n]['total']})" for n in names], fontsize=8)
+        ax.invert_yaxis()
+        ax.axvline(100 * entry["accuracy"], color="#C44E52", linestyle="--", label=f"overall {_pct(entry['accuracy'])}")
+        ax.set_xlim(0, 100)
+        ax.set_xlabel("accuracy (%)")
+        ax.set_title(task_title(entry), fontsize=10)
+        ax.legend(loc="lower right", fontsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=100)
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+
+def write_reports(report: dict[str, Any], out_dir: str | os.PathLike) -> dict[str, Path]:
+    """Write the plots, `report.json` and `report.md` under `out_dir`; returns their paths."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths: dict[str, Path] = {}
+    for name, entry in report["tasks"].items():
+        if entry["categories"]:
+            plot = plot_categories(entry, out / f"{name}_categories.png")
+            entry["plot"] = plot.name
+            paths[f"{name}_plot"] = plot
+    paths["json"] = out / "report.json"
+    paths["json"].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    paths["md"] = out / "report.md"
+    paths["md"].write_text(render_markdown(report), encoding="utf-8")
+    return paths
+
+
+__all__ = ["PROXY_LABEL", "plot_categories", "render_markdown", "task_title", "write_reports"]

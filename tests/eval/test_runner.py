@@ -1,0 +1,205 @@
+"""The eval runner end to end on local fixture files: a tiny random transformers causal LM (text only) and a tiny
+Kimi-VL model (with images), reports, the CLI entry points, and resuming an interrupted run."""
+
+import argparse
+import json
+import random
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from PIL import Image
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from kimi_vl.errors import CheckpointError, ConfigError
+from kimi_vl.eval import DataUnavailableError, runner
+from kimi_vl.eval.generation import Engine, cut_at_stop
+from kimi_vl.fusion import build_tokenizer
+from tests.test_export import tiny_model, tiny_processor
+
+MMLU_TEST_IDS = (7918, 8239, 10717, 10549)  # two math, two computer-science rows of the fixture
+MMLU_VAL = {8790: "A: Let's think step by step. 8 * 4 = 32. The answer is (I).",
+            7818: "A: Let's think step by step. The opposite is 7. The answer is (F).",
+            10717: "A: Let's think step by step. 8 >> 1 = 4. The answer is (E)."}
+MATHVISTA_PIDS = ("5", "6", "7")  # multiple choice, free-form integer rows of testmini
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory, shared_data):
+    """DIR/mmlu_pro/{test.parquet,validation.jsonl} and DIR/mathvista/{testmini.json,images/} from the fixtures."""
+    root = tmp_path_factory.mktemp("data")
+    rows = {}
+    with open(shared_data / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl", encoding="utf-8") as f:
+        for line in f:
+            r = json.loads(line)
+            rows[r["question_id"]] = {k: r[k] for k in ("question_id", "question", "options", "answer", "answer_index",
+                                                        "category", "src")}
+    (root / "mmlu_pro").mkdir()
+    pq.write_table(pa.Table.from_pylist([{**rows[q], "cot_content": ""} for q in MMLU_TEST_IDS]),
+                   root / "mmlu_pro" / "test-00000-of-00001.parquet")
+    (root / "mmlu_pro" / "validation.jsonl").write_text(
+        "".join(json.dumps({**rows[q], "cot_content": c}) + "\n" for q, c in MMLU_VAL.items()), encoding="utf-8")
+    testmini = json.loads((shared_data / "mathvista" / "testmini.json").read_text(encoding="utf-8"))
+    (root / "mathvista" / "images").mkdir(parents=True)
+    (root / "mathvista" / "testmini.json").write_text(json.dumps({p: testmini[p] for p in MATHVISTA_PIDS}))
+    for i, pid in enumerate(MATHVISTA_PIDS):
+        Image.new("RGB", (40 + 8 * i, 30), (40 * i, 120, 200)).save(root / "mathvista" / "images" / f"{pid}.jpg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def llama_dir(tmp_path_factory):
+    """A tiny random Llama with a small byte-level tokenizer (with a chat template), saved."""
+    rng = random.Random(0)
+    words = "question options answer think step the is of a what value compute python".split()
+    tok = build_tokenizer([" ".join(rng.choice(words) for _ in range(8)) for _ in range(200)], 300)
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=4096,
+                         pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    path = tmp_path_factory.mktemp("llama")
+    LlamaForCausalLM(config).save_pretrained(path)
+    tok.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def kimi_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("kimi")
+    proc = tiny_processor()
+    tiny_model(proc).save_pretrained(path)
+    proc.save_pretrained(path)
+    return path
+
+
+def _lines(path):
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+def _check_outputs(out, report, tasks):
+    for name in tasks:
+        entry = report["tasks"][name]
+        assert 0.0 <= entry["accuracy"] <= 1.0 and entry["total"] > 0
+        assert (out / f"{name}_categories.png").stat().st_size > 0
+        assert len(_lines(out / f"responses.{name}.jsonl")) == entry["total"]
+        assert (out / f"results.{name}.json").is_file()
+    saved = json.loads((out / "report.json").read_text())
+    assert set(saved["tasks"]) == set(tasks)
+    return (out / "report.md").read_text()
+
+
+def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
+    out = tmp_path / "out"
+    report = runner.evaluate(llama_dir, "mmlu_pro,mathvista", out, data_dir=data_dir, batch_size=2, max_new_tokens=3,
+                             mathvista_extractor="self", progress=False)
+    md = _check_outputs(out, report, ["mmlu_pro", "mathvista"])
+    mmlu = report["tasks"]["mmlu_pro"]
+    assert mmlu["total"] == 4 and set(mmlu["categories"]) == {"math", "computer science"}
+    results = json.loads((out / "results.mmlu_pro.json").read_text())
+    assert [(r["category"], r["shots"]) for r in results] == [("computer science", 1)] * 2 + [("math", 2)] * 2
+    assert all("pred" in r and "model_outputs" in r for r in results)
+    mathvista = report["tasks"]["mathvista"]
+    scores = json.loads((out / "scores.mathvista.json").read_text())
+    assert scores["average"]["total"] == 3 and list(scores)[1:] == list(runner.mv.SCORE_KEYS)
+    assert mathvista["settings"]["images"] is False
+    assert any("query text only" in d for d in mathvista["deviations"])
+    assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
+    outputs = json.loads((out / "results.mathvista.json").read_text())
+    assert set(outputs) == set(MATHVISTA_PIDS)
+    assert all({"response", "extraction", "prediction", "true_false", "query"} <= set(o) for o in outputs.values())
+    assert "## MMLU-Pro" in md and "## MathVista testmini" in md and "synthetic proxy" not in md
+
+
+def test_tiny_kimi_vl_end_to_end_with_images(tmp_path, data_dir, kimi_dir, monkeypatch):
+    seen_images = []
+    original = Engine.generate
+
+    def spy(self, requests, **kwargs):
+        seen_images.extend(r.image for r in requests)
+        return original(self, requests, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", spy)
+    out = tmp_path / "out"
+    report = runner.evaluate(kimi_dir, ["mathvista", "mmlu_pro"], out, data_dir=data_dir, batch_size=2,
+                             max_new_tokens=3, progress=False)
+    _check_outputs(out, report, ["mathvista", "mmlu_pro"])
+    assert report["model"]["class"] == "KimiVLForConditionalGeneration" and report["model"]["images"]
+    assert report["tasks"]["mathvista"]["settings"]["images"] is True
+    assert sum(isinstance(im, Image.Image) for im in seen_images) == len(MATHVISTA_PIDS)
+    assert not any("query text only" in d for d in report["tasks"]["mathvista"]["deviations"])
+
+
+def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_dir, monkeypatch):
+    generated = []
+    original = Engine.generate
+
+    def counting(self, requests, **kwargs):
+        generated.extend(r.text for r in requests)
+        return original(self, requests, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", counting)
+
+    def stop_after_two(task, done, total):
+        if done >= 2:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "out"
+    kwargs = dict(data_dir=data_dir, batch_size=1, max_new_tokens=3, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        runner.evaluate(llama_dir, "mmlu_pro", out, progress_callback=stop_after_two, **kwargs)
+    assert len(generated) == 2 and len(_lines(out / "responses.mmlu_pro.jsonl")) == 2
+    first = set(generated)
+
+    generated.clear()
+    report = runner.evaluate(llama_dir, "mmlu_pro", out, **kwargs)
+    assert len(generated) == 2 and not first & set(generated)  # only the two unfinished items
+    assert report["tasks"]["mmlu_pro"]["total"] == 4
+
+    generated.clear()
+    again = runner.evaluate(llama_dir, "mmlu_pro", out, **kwargs)
+    assert generated == [] and again["tasks"]["mmlu_pro"]["correct"] == report["tasks"]["mmlu_pro"]["correct"]
+
+    fresh = runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "fresh", **kwargs)  # same answers as uninterrupted
+    resumed = [r["model_outputs"] for r in json.loads((out / "results.mmlu_pro.json").read_text())]
+    assert resumed == [r["model_outputs"] for r in json.loads((tmp_path / "fresh" / "results.mmlu_pro.json").read_text())]
+    assert fresh["tasks"]["mmlu_pro"]["correct"] == report["tasks"]["mmlu_pro"]["correct"]
+
+    generated.clear()  # changed generation settings invalidate the cache
+    runner.evaluate(llama_dir, "mmlu_pro", out, **{**kwargs, "max_new_tokens": 2})
+    assert len(generated) == 4
+
+
+def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
+    parser = argparse.ArgumentParser()
+    runner.add_eval_arguments(parser)
+    args = parser.parse_args(["--model", str(llama_dir), "--tasks", "mathvista", "--out", str(tmp_path / "o"),
+                              "--data-dir", str(data_dir), "--limit", "2", "--max-new-tokens", "2", "--no-progress",
+                              "--mathvista-extractor", "rules"])
+    report = runner.run_eval_from_args(args)
+    assert report["tasks"]["mathvista"]["total"] == 2
+    printed = capsys.readouterr().out
+    assert "MathVista testmini:" in printed and "report.md" in printed
+
+
+def test_proxies_are_labelled(tmp_path, llama_dir):
+    pytest.importorskip("kimi_vl.training.data.world", reason="the synthetic world is not available yet")
+    out = tmp_path / "out"
+    report = runner.evaluate(llama_dir, "proxies", out, limit=4, max_new_tokens=2, batch_size=4, progress=False)
+    assert set(report["tasks"]) == {"mmlu_pro_synth", "mathvista_synth"}
+    assert all(e["proxy"] for e in report["tasks"].values())
+    md = (out / "report.md").read_text()
+    assert md.count("(synthetic proxy)") >= 4
+
+
+def test_argument_errors(tmp_path, llama_dir, data_dir):
+    assert runner.parse_tasks("mmlu_pro, proxies,mmlu_pro") == ["mmlu_pro", "mmlu_pro_synth", "mathvista_synth"]
+    with pytest.raises(ConfigError, match="unknown eval task"):
+        runner.parse_tasks("mmlu")
+    with pytest.raises(ConfigError, match="mathvista_extractor"):
+        runner.evaluate(llama_dir, "mathvista", tmp_path, mathvista_extractor="gpt-4")
+    with pytest.raises(CheckpointError, match="config.json"):
+        runner.evaluate(tmp_path, "mmlu_pro", tmp_path / "o", data_dir=data_dir)
+    with pytest.raises(DataUnavailableError, match="testmini"):  # data is checked before the model is loaded
+        runner.evaluate(tmp_path, "mathvista", tmp_path / "o", data_dir=tmp_path)
+    assert cut_at_stop("abc Question: next", ["Question:"]) == "abc "
