@@ -1,0 +1,310 @@
+"""Documents and packing: label masks, row layout, cu_seqlens, media tensors, vision ratio, determinism, and a tiny
+model trained one step on a packed batch."""
+
+import itertools
+import math
+import random
+import time
+
+import pytest
+import torch
+
+from kimi_vl.errors import ConfigError, ShapeError
+from kimi_vl.fusion.tokenizer import (
+    BOS,
+    DOC_EOS,
+    IM_END,
+    MEDIA_CONTENT,
+    MEDIA_END,
+    MEDIA_START,
+)
+from kimi_vl.text.modeling import causal_lm_loss
+from kimi_vl.training.data.packing import (
+    Document,
+    PackedStream,
+    encode_chat,
+    encode_sample,
+    encode_text,
+    pretrain_stream,
+)
+from kimi_vl.training.data.world import make_sample, sample_rng
+
+SEQ, ROWS = 256, 4
+
+
+def tid(proc, token):
+    return proc.tokenizer.convert_tokens_to_ids(token)
+
+
+def loss_text(proc, doc):
+    return proc.tokenizer.decode([t for t, lab in zip(doc.input_ids, doc.labels) if lab != -100])
+
+
+@pytest.fixture(scope="module")
+def stream(proc):
+    return pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0)
+
+
+@pytest.fixture(scope="module")
+def batches(stream):
+    return [stream.batch(i) for i in range(8)]
+
+
+# ----------------------------------------------------------------------------------------------------- documents
+def test_encode_text(proc):
+    doc = encode_text("x = 1  # [EOS] <|im_end|>", proc)
+    assert doc.input_ids[0] == tid(proc, BOS) and doc.input_ids[-1] == tid(proc, DOC_EOS)
+    assert doc.labels == [-100] + doc.input_ids[1:] and doc.splittable
+    # special-token strings inside the text stay text
+    assert doc.input_ids.count(tid(proc, DOC_EOS)) == 1 and tid(proc, IM_END) not in doc.input_ids
+    assert proc.tokenizer.decode(doc.input_ids[1:-1]) == "x = 1  # [EOS] <|im_end|>"
+    with pytest.raises(ShapeError, match="labels"):
+        Document([1, 2], [1])
+
+
+def _media_positions(proc, ids):
+    media = {tid(proc, t) for t in (MEDIA_START, MEDIA_CONTENT, MEDIA_END)} | {proc.image_token_id,
+                                                                              proc.video_token_id}
+    return [i for i, t in enumerate(ids) if t in media]
+
+
+def test_encode_sample_pretrain_image(proc):
+    s = make_sample("count", sample_rng(0, 1))
+    doc = encode_sample(s, proc, chat=False)
+    grid = doc.media["image_grid_thw"]
+    assert grid.shape == (1, 3) and doc.media["pixel_values"].shape[0] == int(grid.prod())
+    assert doc.input_ids.count(proc.image_token_id) == int(grid.prod()) // 4
+    last = max(i for i, t in enumerate(doc.input_ids) if t == tid(proc, MEDIA_END))
+    assert all(lab == -100 for lab in doc.labels[: last + 1])  # [BOS], markers, "image", placeholders
+    assert doc.labels[last + 1:] == doc.input_ids[last + 1:]
+    assert all(doc.labels[i] == -100 for i in _media_positions(proc, doc.input_ids))
+    assert loss_text(proc, doc) == f"Question: {s.question}\nAnswer: {s.response}{DOC_EOS}"
+    assert not doc.splittable and doc.images == [s.image]
+
+
+def test_encode_sample_chat(proc):
+    s = make_sample("visual_math", sample_rng(0, 2))
+    doc = encode_sample(s, proc, chat=True)
+    assert loss_text(proc, doc) == s.response + IM_END
+    assert doc.input_ids.count(proc.image_token_id) == int(doc.media["image_grid_thw"].prod()) // 4
+    text = proc.tokenizer.decode(doc.input_ids)
+    assert text.startswith("<|im_user|>user<|im_middle|><|media_start|>image<|media_content|><|media_pad|>")
+    assert s.question in text
+
+
+def test_encode_sample_video(proc):
+    s = make_sample("screencast", sample_rng(0, 3))
+    doc = encode_sample(s, proc, chat=False)
+    grids = doc.media["video_grid_thw"]
+    assert grids.shape[0] == math.ceil(len(s.video.frames) / 4)  # chunks of 4 frames
+    assert doc.input_ids.count(proc.video_token_id) == sum(int(g[1] * g[2]) // 4 for g in grids)
+    assert doc.media["pixel_values_videos"].shape[0] == int(grids.prod(-1).sum())
+    text = proc.tokenizer.decode(doc.input_ids)
+    assert "00:00:00.000<|media_start|>video" in text and "00:00:01.000<|media_start|>video" in text  # 4 fps
+    assert loss_text(proc, doc) == f"Question: {s.question}\nAnswer: {s.video.html}{DOC_EOS}"  # timestamps masked
+    chat = encode_sample(s, proc, chat=True)
+    assert loss_text(proc, chat) == s.video.html + IM_END
+
+
+def test_encode_chat_masks_everything_but_the_assistant(proc):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"},
+                {"role": "assistant", "content": "The answer is 4."}, {"role": "user", "content": "And 3 + 3?"},
+                {"role": "assistant", "content": "The answer is 6."}]
+    doc = encode_chat(messages, proc)
+    assert loss_text(proc, doc) == f"The answer is 4.{IM_END}The answer is 6.{IM_END}"
+    assert not doc.media and not doc.splittable
+    with pytest.raises(ConfigError, match="messages"):
+        encode_chat([{"content": "no role"}], proc)
+
+
+# ----------------------------------------------------------------------------------------------------- batches
+def test_layout_and_cu_seqlens(batches):
+    for b in batches:
+        assert b.input_ids.shape == b.labels.shape == (1, ROWS * SEQ)
+        assert b.input_ids.dtype == b.labels.dtype == torch.long
+        cu = b.cu_seqlens.tolist()
+        assert b.cu_seqlens.dtype == torch.int32
+        assert cu[0] == 0 and cu[-1] == ROWS * SEQ and all(x < y for x, y in zip(cu, cu[1:]))
+        assert {r * SEQ for r in range(ROWS + 1)} <= set(cu)  # every row boundary is a segment boundary
+        assert b.num_tokens == ROWS * SEQ and b.rows == ROWS and b.seq_len == SEQ
+
+
+def test_no_loss_on_media_or_padding(proc, batches):
+    for b in batches:
+        ids, labels = b.input_ids[0].tolist(), b.labels[0].tolist()
+        assert all(labels[i] == -100 for i in _media_positions(proc, ids))
+        pad = proc.tokenizer.pad_token_id
+        assert all(lab == -100 for t, lab in zip(ids, labels) if t == pad)
+        assert all(lab in (-100, t) for t, lab in zip(ids, labels))
+        cu = b.cu_seqlens.tolist()
+        for a, e in zip(cu, cu[1:]):  # padding is a segment of its own
+            seg = ids[a:e]
+            assert pad not in seg or set(seg) == {pad}
+
+
+def test_placeholders_match_the_pixels(proc, batches):
+    seen_video = False
+    for b in batches:
+        ids = b.input_ids
+        n_img = int((ids == proc.image_token_id).sum())
+        if b.image_grid_thw is None:
+            assert n_img == 0 and b.pixel_values is None
+        else:
+            assert n_img == int(b.image_grid_thw.prod(-1).sum()) // 4
+            assert b.pixel_values.shape == (int(b.image_grid_thw.prod(-1).sum()), 3, 14, 14)
+        n_vid = int((ids == proc.video_token_id).sum())
+        if b.video_grid_thw is None:
+            assert n_vid == 0 and b.pixel_values_videos is None
+        else:
+            seen_video = True
+            assert n_vid == int((b.video_grid_thw[:, 1] * b.video_grid_thw[:, 2]).sum()) // 4
+            assert b.pixel_values_videos.shape[0] == int(b.video_grid_thw.prod(-1).sum())
+        assert b.num_vision_tokens == n_img + n_vid
+        # in order: the k-th run of placeholders has the size of the k-th image / video chunk
+        for token, grids in ((proc.image_token_id, b.image_grid_thw), (proc.video_token_id, b.video_grid_thw)):
+            if grids is not None:
+                assert _runs(ids[0].tolist(), token) == [int(g[1] * g[2]) // 4 for g in grids]
+    assert seen_video
+
+
+def _runs(ids, token):
+    runs, n = [], 0
+    for t in ids + [None]:
+        if t == token:
+            n += 1
+        elif n:
+            runs.append(n)
+            n = 0
+    return runs
+
+
+def test_vision_ratio_from_the_first_batch(batches):
+    ratios = [b.num_vision_tokens / b.num_tokens for b in batches]
+    assert all(abs(r - 0.25) <= 0.07 for r in ratios), ratios  # within about one screencast (~40 tokens) per batch
+    assert abs(sum(ratios) / len(ratios) - 0.25) <= 0.03, ratios
+
+
+@pytest.mark.parametrize("ratio", [0.0, 0.1, 0.2])
+def test_vision_ratio_targets(proc, ratio):
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=5, vision_ratio=ratio, video_fraction=0.0)
+    ratios = [s.batch(i).num_vision_tokens / (ROWS * SEQ) for i in range(3)]
+    assert all(abs(r - ratio) <= 0.04 for r in ratios), ratios
+
+
+def test_batches_are_pure_functions_of_seed_and_index(proc, stream, batches):
+    def same(a, b):
+        return all((x is None and y is None) or torch.equal(x, y) for x, y in zip(
+            (a.input_ids, a.labels, a.cu_seqlens, a.pixel_values, a.image_grid_thw, a.pixel_values_videos),
+            (b.input_ids, b.labels, b.cu_seqlens, b.pixel_values, b.image_grid_thw, b.pixel_values_videos)))
+
+    fresh = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0)
+    assert same(fresh.batch(5), batches[5]) and same(stream.batch(2), batches[2])  # any order, any instance
+    assert not torch.equal(batches[0].input_ids, batches[1].input_ids)
+    other = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=1)
+    assert not torch.equal(other.batch(0).input_ids, batches[0].input_ids)
+
+
+def test_num_loss_tokens_matches_the_loss(batches):
+    b = batches[0]
+    vocab = int(b.input_ids.max()) + 1
+    logits = torch.zeros(1, b.num_tokens, vocab, requires_grad=True)
+    loss = causal_lm_loss(logits, b.labels, b.cu_seqlens) * b.num_loss_tokens
+    loss.backward()
+    # each target row of the gradient sums to zero, and the rows that got gradient are the counted targets
+    counted = int((logits.grad.abs().sum(-1) > 0).sum())
+    assert counted == b.num_loss_tokens > 0
+
+
+def test_to_and_model_inputs(batches):
+    b = batches[0].to("cpu")
+    inputs = b.model_inputs()
+    assert set(inputs) >= {"input_ids", "labels", "cu_seqlens", "pixel_values", "image_grid_thw"}
+    assert all(v is not None for v in inputs.values())
+
+
+# ----------------------------------------------------------------------------------------------------- packing rules
+def _fixed(n, splittable=False, token=100):
+    return lambda rng: Document([token] * n, [token] * n, splittable=splittable)
+
+
+def test_whole_documents_go_to_the_next_row_and_leave_padding():
+    s = PackedStream(_fixed(100), seq_len=256, rows=3, seed=0, max_misses=0)
+    b = s.batch(0)
+    assert b.cu_seqlens.tolist() == [0, 100, 200, 256, 356, 456, 512, 612, 712, 768]
+    ids, labels = b.input_ids[0], b.labels[0]
+    assert (ids[200:256] == 2).all() and (labels[200:256] == -100).all()  # [PAD] id of build_tokenizer
+    assert b.num_pad_tokens == 3 * 56
+
+
+def test_splittable_documents_fill_rows():
+    s = PackedStream(_fixed(300, splittable=True), seq_len=256, rows=3, seed=0)
+    b = s.batch(0)
+    assert b.cu_seqlens.tolist() == [0, 256, 300, 512, 600, 768]
+    assert b.num_pad_tokens == 0
+
+
+def test_long_documents_are_cut_at_row_starts():
+    lengths = itertools.chain([50, 600], itertools.repeat(10))
+    s = PackedStream(lambda rng: _fixed(next(lengths))(rng), seq_len=256, rows=4, seed=0, max_misses=0)
+    b = s.batch(0)
+    # 50 + pad, then 600 = 256 + 256 + 88 from a row start, then the 10-token documents
+    assert b.cu_seqlens.tolist()[:7] == [0, 50, 256, 512, 768, 856, 866]
+
+
+def test_gap_filling_draws_fit_shorter_documents():
+    def doc(rng):
+        n = rng.choice((40, 200))
+        return Document([7] * n, [7] * n)
+
+    tight = PackedStream(doc, seq_len=256, rows=8, seed=0, max_misses=4).batch(0)
+    loose = PackedStream(doc, seq_len=256, rows=8, seed=0, max_misses=0).batch(0)
+    assert tight.num_pad_tokens < loose.num_pad_tokens
+
+
+def test_a_cut_inside_media_is_refused(proc):
+    doc = encode_sample(make_sample("count", sample_rng(0, 1)), proc, chat=False)
+    n_img = doc.input_ids.count(proc.image_token_id)
+    start = doc.input_ids.index(proc.image_token_id)
+    s = PackedStream(lambda rng: doc, seq_len=start + n_img // 2, rows=2, seed=0, processor=proc)
+    with pytest.raises(ConfigError, match="inside the placeholders of an image"):
+        s.batch(0)
+
+
+def test_bad_arguments(proc):
+    with pytest.raises(ConfigError, match="vision_documents"):
+        PackedStream(_fixed(3), seq_len=8, rows=1, seed=0, vision_ratio=0.2)
+    with pytest.raises(ConfigError, match="vision_ratio"):
+        PackedStream(_fixed(3), seq_len=8, rows=1, seed=0, vision_ratio=1.5, vision_documents=_fixed(3))
+    with pytest.raises(ConfigError, match="empty document"):
+        PackedStream(_fixed(0), seq_len=8, rows=1, seed=0).batch(0)
+    with pytest.raises(ConfigError, match="batch index"):
+        PackedStream(_fixed(3), seq_len=8, rows=1, seed=0).batch(-1)
+
+
+def test_batch_generation_is_fast(proc):
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=11)
+    s.batch(0)  # warm caches (standard library files, fonts)
+    t0 = time.perf_counter()
+    for i in range(1, 6):
+        s.batch(i)
+    per_batch = (time.perf_counter() - t0) / 5
+    assert per_batch < 0.5, f"{per_batch * 1000:.0f} ms per batch of {ROWS}x{SEQ} tokens"  # ~30-60 ms when idle
+
+
+# ----------------------------------------------------------------------------------------------------- the model
+def test_tiny_model_trains_on_a_packed_batch(proc, batches):
+    from tests.test_export import tiny_model
+
+    model = tiny_model(proc).train()
+    b = next(x for x in batches if x.pixel_values is not None and x.pixel_values_videos is not None)
+    out = model(**b.model_inputs())
+    assert torch.isfinite(out.loss)
+    assert out.logits.shape == (1, ROWS * SEQ, len(proc.tokenizer))
+    out.loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert all(torch.isfinite(g).all() for g in grads.values())
+    assert any(n.startswith("vision_tower") and g.abs().sum() > 0 for n, g in grads.items())
+    # the loss is the one over the batch's labels
+    expected = causal_lm_loss(out.logits.detach(), b.labels, b.cu_seqlens)
+    assert torch.allclose(out.loss.detach(), expected)
+    random.seed(0)

@@ -1,0 +1,89 @@
+"""Zero-vision SFT data: text-only conversations, answer formats, loss on assistant turns only."""
+
+import re
+
+import pytest
+
+from kimi_vl.fusion.tokenizer import IM_ASSISTANT, IM_END, IM_MIDDLE, IM_SYSTEM, IM_USER, MEDIA_START
+from kimi_vl.training.data.packing import assistant_mask, encode_chat, sft_stream
+from kimi_vl.training.data.sft import sft_conversations
+
+SEQ, ROWS = 256, 4
+
+
+@pytest.fixture(scope="module")
+def conversations():
+    return sft_conversations(120, seed=0)
+
+
+def test_deterministic_text_only_conversations(conversations):
+    assert conversations == sft_conversations(120, seed=0)
+    assert conversations != sft_conversations(120, seed=1)
+    assert sft_conversations(10, seed=0) == conversations[:10]
+    for conv in conversations:
+        assert [m["role"] for m in conv][-2:] == ["user", "assistant"]
+        assert all(isinstance(m["content"], str) for m in conv)  # no image / video parts anywhere
+        assert not any(MEDIA_START in m["content"] or "<|" in m["content"] for m in conv)
+
+
+def test_answer_formats_and_python_traces(conversations):
+    replies = [c[-1]["content"] for c in conversations]
+    prompts = [c[-2]["content"] for c in conversations]
+    assert all(re.search(r"The answer is \S+\.$", r) for r in replies), [r for r in replies
+                                                                          if not re.search(r"The answer is \S+\.$", r)]
+    mc = [r for r, p in zip(replies, prompts) if "Options:" in p]
+    assert mc and all(re.search(r"The answer is \([A-J]\)\.$", r) for r in mc)
+    assert any("Think step by step" in p for p in prompts)  # MMLU-Pro prompts
+    assert any(p.startswith("Hint: ") or "\nHint: " in p for p in prompts)  # MathVista hints
+    traces = [(p, r) for p, r in zip(prompts, replies) if "```python" in r]
+    assert len(traces) > 20
+    assert any("image.png is" in p and "ndimage.label" in r for p, r in traces)  # counting by pixel operations
+    assert any("Image.open" in r and "print(img[" in r for _, r in traces)  # reading a pixel's colour
+    # the stated results are the answers
+    for p, r in traces:
+        if "ndimage.label(m)[1]" in r:
+            n = int(re.search(r"It prints (\d+)\.", r).group(1))
+            assert r.endswith(f"The answer is {n}.") or "Choices" in p
+            assert p.count("[") - p.count("[x0") == n  # one described object per counted region
+
+
+def test_encode_chat_loss_only_on_assistant(proc, conversations):
+    tok = proc.tokenizer
+    for conv in conversations[:30]:
+        doc = encode_chat(conv, proc)
+        target = "".join(m["content"] + IM_END for m in conv if m["role"] == "assistant")
+        assert tok.decode([t for t, lab in zip(doc.input_ids, doc.labels) if lab != -100]) == target
+        roles = {tok.convert_tokens_to_ids(t) for t in (IM_USER, IM_SYSTEM, IM_ASSISTANT, IM_MIDDLE)}
+        assert not any(lab in roles for lab in doc.labels)
+
+
+def test_assistant_mask_state_machine(proc):
+    tok = proc.tokenizer
+    ids = tok("<|im_user|>user<|im_middle|>hi<|im_end|><|im_assistant|>assistant<|im_middle|>yo<|im_end|>",
+              add_special_tokens=False)["input_ids"]
+    mask = assistant_mask(ids, proc)
+    assert tok.decode([t for t, m in zip(ids, mask) if m]) == "yo<|im_end|>"
+
+
+def test_sft_stream_is_zero_vision_and_masked(proc):
+    stream = sft_stream(proc, SEQ, ROWS, seed=0)
+    tok = proc.tokenizer
+    user, system, end = (tok.convert_tokens_to_ids(t) for t in (IM_USER, IM_SYSTEM, IM_END))
+    for i in range(3):
+        b = stream.batch(i)
+        assert b.input_ids.shape == (1, SEQ * ROWS)
+        assert b.num_vision_tokens == 0 and b.pixel_values is None and b.pixel_values_videos is None
+        assert "<|media" not in tok.decode(b.input_ids[0]) and "video_placeholder" not in tok.decode(b.input_ids[0])
+        assert b.num_loss_tokens > 0
+        ids, labels, cu = b.input_ids[0].tolist(), b.labels[0].tolist(), b.cu_seqlens.tolist()
+        checked = 0
+        for a, e in zip(cu, cu[1:]):
+            if ids[a] in (user, system) and ids[e - 1] == end:  # a whole conversation
+                mask = assistant_mask(ids[a:e], proc)
+                assert labels[a:e] == [t if m else -100 for t, m in zip(ids[a:e], mask)]
+                checked += 1
+        assert checked >= 3
+    assert stream.batch(1).input_ids.equal(sft_stream(proc, SEQ, ROWS, seed=0).batch(1).input_ids)
+    # gap filling keeps the padding low
+    pads = [stream.batch(i).num_pad_tokens / (SEQ * ROWS) for i in range(3)]
+    assert sum(pads) / 3 < 0.2, pads

@@ -1,0 +1,225 @@
+"""The synthetic world: determinism, image variety, answers consistent with the pictures, dataset schemas."""
+
+import json
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from kimi_vl.errors import ConfigError
+from kimi_vl.training.data.screencast import Screencast
+from kimi_vl.training.data.world import (
+    ALL_TASKS,
+    COLORS,
+    LETTERS,
+    MATHVISTA_HINTS,
+    TEXT_TASKS,
+    VISION_TASKS,
+    WORLD,
+    make_sample,
+    make_samples,
+    mathvista_rows,
+    mmlu_pro_rows,
+    sample_rng,
+)
+from kimi_vl.training.rewards import reward
+
+
+def _fingerprint(s) -> tuple:
+    media = s.image.tobytes() if s.image is not None else b""
+    if s.video is not None:
+        media += b"".join(f.tobytes() for f in s.video.frames)
+    return (s.task, s.question, s.answer, s.response, s.reward, s.choices, json.dumps(s.meta, sort_keys=True), media)
+
+
+@pytest.fixture(scope="module")
+def samples():
+    return make_samples(ALL_TASKS, 4 * len(ALL_TASKS), seed=3)
+
+
+def test_deterministic_by_seed(samples):
+    again = make_samples(ALL_TASKS, 4 * len(ALL_TASKS), seed=3)
+    assert [_fingerprint(s) for s in again] == [_fingerprint(s) for s in samples]
+    other = make_samples(ALL_TASKS, 4 * len(ALL_TASKS), seed=4)
+    assert sum(_fingerprint(a) != _fingerprint(b) for a, b in zip(samples, other)) > len(samples) // 2
+    # sample i depends on (seed, i) only: a shorter list is a prefix of a longer one
+    assert [_fingerprint(s) for s in make_samples(ALL_TASKS, 5, seed=3)] == [_fingerprint(s) for s in samples[:5]]
+
+
+def test_round_robin_tasks(samples):
+    assert [s.task for s in samples] == [ALL_TASKS[i % len(ALL_TASKS)] for i in range(len(samples))]
+
+
+def test_unknown_task():
+    with pytest.raises(ConfigError, match="unknown task 'nope'"):
+        make_samples(["count", "nope"], 3, 0)
+    with pytest.raises(ConfigError, match="unknown task"):
+        make_sample("nope", sample_rng(0, 0))
+
+
+def test_varied_native_resolutions():
+    images = [s.image for s in make_samples(VISION_TASKS, 80, seed=0)]
+    assert all(im is not None and im.mode == "RGB" for im in images)
+    sizes = [im.size for im in images]
+    assert all(56 <= w <= 224 and 56 <= h <= 224 for w, h in sizes), sizes
+    assert len(set(sizes)) > 60
+    ratios = [w / h for w, h in sizes]
+    assert min(ratios) < 0.6 and max(ratios) > 1.6  # portrait and landscape
+    assert min(min(s) for s in sizes) < 80 and max(max(s) for s in sizes) > 200
+
+
+def test_every_target_response_earns_full_reward(samples):
+    for s in samples:
+        assert reward(s, s.response) == 1.0, (s.task, s.response, s.answer)
+
+
+def test_text_samples_have_no_media(samples):
+    for s in samples:
+        if s.task in TEXT_TASKS:
+            assert s.image is None and s.video is None
+        elif s.task in VISION_TASKS:
+            assert s.image is not None and s.video is None
+        else:
+            assert s.video is not None and s.image is None
+
+
+def _center(image, box):
+    x0, y0, x1, y1 = box
+    return tuple(np.asarray(image)[(y0 + y1 - 1) // 2, (x0 + x1 - 1) // 2])
+
+
+def test_count_and_color_match_the_pixels():
+    for s in make_samples(("count", "color", "shape"), 45, seed=1):
+        objects = s.meta["objects"]
+        for o in objects:
+            assert _center(s.image, o["box"]) == COLORS[o["color"]]
+        if s.task == "count":
+            assert s.answer == str(len(objects)) and 1 <= len(objects) <= 6
+        elif s.task == "color":
+            assert s.answer == objects[0]["color"]
+        else:
+            assert s.answer == objects[0]["shape"]
+    # the number of object pixels of that colour grows with the count
+    s = make_samples(("count",), 30, seed=2)
+    area = [int((np.abs(np.asarray(x.image).astype(int) - COLORS[x.meta["objects"][0]["color"]]).sum(-1) == 0).sum())
+            for x in s]
+    assert all(a > 20 * len(x.meta["objects"]) for a, x in zip(area, s))
+
+
+def test_grounding_boxes():
+    for s in make_samples(("grounding",), 20, seed=0):
+        boxes = json.loads(s.answer)
+        assert boxes == s.meta["boxes"] and boxes == sorted(boxes)
+        target = [o for o in s.meta["objects"] if o["box"] in boxes]
+        assert len(target) == len(boxes) and len({(o["shape"], o["color"]) for o in target}) == 1
+        w, h = s.image.size
+        for x0, y0, x1, y1 in boxes:
+            assert 0 <= x0 < x1 <= w and 0 <= y0 < y1 <= h
+            assert _center(s.image, [x0, y0, x1, y1]) == COLORS[target[0]["color"]]
+        # the boxes do not overlap
+        all_boxes = [o["box"] for o in s.meta["objects"]]
+        for i, a in enumerate(all_boxes):
+            for b in all_boxes[i + 1:]:
+                assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+
+
+def test_charts_and_ocr():
+    for s in make_samples(("chart_bar", "chart_line", "ocr"), 30, seed=0):
+        if s.task == "ocr":
+            assert s.answer == s.meta["text"] and s.answer.isupper()
+            ink = (np.asarray(s.image).astype(int).sum(-1) < 600).sum()
+            assert ink > 10  # the text is drawn
+        else:
+            assert s.answer == str(s.meta["values"][s.meta["index"]])
+            assert s.meta["labels"][s.meta["index"]] in s.question
+
+
+def test_multiple_choice_format():
+    for s in make_samples(("mc",), 30, seed=0):
+        assert len(s.choices) == 10 and len(set(s.choices)) == 10
+        assert s.answer in LETTERS and s.response.endswith(f"The answer is ({s.answer}).")
+        lines = s.question.split("\n")
+        assert lines[1] == "Options:" and lines[2:] == [f"{LETTERS[i]}. {c}" for i, c in enumerate(s.choices)]
+    # the world facts do not depend on the seed
+    for s in make_samples(("fact",), 20, seed=9):
+        c = next(c for c in WORLD if c.name == s.meta["creature"])
+        assert s.answer == str(getattr(c, s.meta["attribute"]))
+
+
+def test_visual_math_meta():
+    kinds = set()
+    for s in make_samples(("visual_math",), 60, seed=0):
+        m = s.meta
+        kinds.add(m["kind"])
+        assert s.question.startswith("Hint: ") and f"Question: {m['stem']}" in s.question
+        if m["question_type"] == "multi_choice":
+            assert s.choices and s.answer in LETTERS[: len(s.choices)] and m["answer_type"] == "text"
+            assert MATHVISTA_HINTS["multi_choice"] in s.question
+        else:
+            assert s.choices is None
+            if m["answer_type"] == "float":
+                assert m["precision"] in (1, 2) and s.answer == str(round(float(s.answer), m["precision"]))
+            else:
+                assert m["answer_type"] == "integer" and m["precision"] is None and s.answer == str(int(s.answer))
+    assert kinds == {"bar_sum", "bar_diff", "bar_mean", "bar_max", "rect", "count_free", "count_mc"}
+
+
+def test_screencast_sample():
+    s = make_sample("screencast", sample_rng(0, 0))
+    assert isinstance(s.video, Screencast) and s.reward == "html"
+    assert s.answer == s.response == s.video.html and s.question == "Write the HTML of this web page."
+    assert len({f.size for f in s.video.frames}) == 1
+
+
+# ------------------------------------------------------------------------------------------------------ schemas
+def _types(rows, key):
+    return {type(r[key]).__name__ for r in rows}
+
+
+def test_mmlu_pro_rows_schema(shared_data):
+    real = [json.loads(line) for line in open(shared_data / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl")]
+    rows = mmlu_pro_rows(40, seed=0)
+    assert rows == mmlu_pro_rows(40, seed=0) and rows != mmlu_pro_rows(40, seed=1)
+    expected = (set(real[0]) - {"generated_text", "pred"}) | {"cot_content"}  # the test dump has outputs, no CoT
+    for r in rows:
+        assert set(r) == expected
+    for key in expected - {"cot_content"}:
+        assert _types(rows, key) == _types(real, key), key
+    assert _types(rows, "cot_content") == {"str"}
+    real_categories = {r["category"] for r in real}
+    for r in rows:
+        assert len(r["options"]) == 10 and all(isinstance(o, str) for o in r["options"])
+        assert r["answer"] == LETTERS[r["answer_index"]]
+        assert r["category"] in real_categories
+        assert r["cot_content"].startswith("A: Let's think step by step. ")
+        assert re.search(r"answer is \(?([A-J])\)?", r["cot_content"]).group(1) == r["answer"]
+    assert len({r["question_id"] for r in rows}) == len(rows)
+
+
+def test_mathvista_rows_schema(shared_data, tmp_path):
+    real = json.loads((shared_data / "mathvista" / "testmini.json").read_text())
+    real_rows = list(real.values())
+    rows = mathvista_rows(40, seed=0, image_dir=tmp_path)
+    assert list(rows) == [str(i + 1) for i in range(40)]
+    for pid, r in rows.items():
+        assert set(r) == set(real_rows[0]) and r["pid"] == pid
+        assert set(r["metadata"]) == set(real_rows[0]["metadata"])
+        for key in r:
+            assert type(r[key]).__name__ in _types(real_rows, key), key
+        for key in r["metadata"]:
+            assert type(r["metadata"][key]).__name__ in {type(x["metadata"][key]).__name__ for x in real_rows}, key
+        assert all(isinstance(x, str) for x in r["metadata"]["skills"])
+        assert r["question_type"] in ("multi_choice", "free_form")
+        if r["question_type"] == "multi_choice":
+            assert r["answer"] in r["choices"] and r["answer_type"] == "text" and r["precision"] is None
+        else:
+            assert r["choices"] is None and r["answer_type"] in ("integer", "float")
+            assert (r["precision"] is not None) == (r["answer_type"] == "float")
+        with Image.open(tmp_path / r["image"]) as im:
+            assert im.size == (r["metadata"]["img_width"], r["metadata"]["img_height"])
+    types = {r["question_type"] for r in rows.values()}
+    assert types == {"multi_choice", "free_form"}
+    again = mathvista_rows(40, seed=0, image_dir=tmp_path / "again")
+    assert again == rows
+    assert (tmp_path / "images" / "1.png").read_bytes() == (tmp_path / "again" / "images" / "1.png").read_bytes()
