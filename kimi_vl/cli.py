@@ -28,6 +28,33 @@ def _export(args: argparse.Namespace) -> None:
     print(f"wrote {export_remote_code(args.model_dir, args.out_dir)}")
 
 
+def _pretrain(args: argparse.Namespace) -> None:
+    from .training.stages import pretrain
+
+    print(f"wrote {pretrain(args.out, preset=args.preset, steps=args.steps, seed=args.seed)}")
+
+
+def _sft(args: argparse.Namespace) -> None:
+    from .training.stages import sft
+
+    print(f"wrote {sft(args.from_dir, args.out, steps=args.steps, seed=args.seed)}")
+
+
+def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
+    train = sub.add_parser("train", help="training stages (each writes a Hugging Face checkpoint directory and "
+                           "resumes from its last checkpoint when rerun)")
+    stages = train.add_subparsers(dest="stage", required=True)
+    pre = stages.add_parser("pretrain", help="joint text-vision pre-training from scratch on the embedded corpus")
+    pre.add_argument("--preset", default="tiny", help="model/data/schedule preset: tiny (CPU) or small (one GPU)")
+    sft = stages.add_parser("sft", help="zero-vision SFT (text-only chats) from a checkpoint")
+    sft.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from")
+    for stage, func in ((pre, _pretrain), (sft, _sft)):
+        stage.add_argument("--out", required=True, help="output checkpoint directory")
+        stage.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's)")
+        stage.add_argument("--seed", type=int, default=0)
+        stage.set_defaults(func=func)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-vl", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -49,6 +76,16 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("model_dir", help="saved model (+ processor and tokenizer) directory")
     export.add_argument("out_dir", help="destination directory (may be model_dir itself)")
     export.set_defaults(func=_export)
+    _add_train_parsers(sub)
+    from .eval.runner import add_eval_arguments, run_eval_from_args
+
+    ev = sub.add_parser("eval", help="MMLU-Pro / MathVista (official protocols) and their offline proxies")
+    add_eval_arguments(ev)
+    ev.set_defaults(func=run_eval_from_args)
+    from .demos.video2web import add_video2web_parser
+
+    demo = sub.add_parser("demo", help="demos: video2web (a screencast -> a web page, rendered and scored)")
+    add_video2web_parser(demo.add_subparsers(dest="demo", required=True))
     return parser
 
 

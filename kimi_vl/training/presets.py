@@ -40,7 +40,7 @@ PRESETS: dict[str, Preset] = {
                   num_experts=4, num_experts_per_tok=2, kda_head_dim=16, kda_num_heads=4, attnres_block_size=2),
         vision=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=2, intermediate_size=128,
                     pos_emb_height=16, pos_emb_width=16),
-        image_max_patches=256, video_max_patches=64, video_fps=2.0,
+        image_max_patches=256, video_max_patches=64, video_fps=4.0,
         seq_len=256, rows=4, vision_ratio=0.25,
         pretrain=dict(steps=400, lr=6e-3, warmup_steps=20, checkpoint_every=50, val_every=100),
         sft=dict(steps=100, lr=2e-3, warmup_steps=10, checkpoint_every=50),

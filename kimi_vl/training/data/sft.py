@@ -15,6 +15,9 @@ Kinds of conversation (drawn with these weights):
   on the image file with PIL / numpy (colour masks, connected components, pixel reads) or on the read-off values,
   states what it prints and ends with the task's final answer. The snippet is not executed: the reply states its
   result, which is computed from the sample.
+- `page` (0.1): a web page described in words (header, sections with their colours and heights, button) and the
+  request to write its HTML; the reply is the page's HTML exactly as the video-to-website targets write it, so the
+  answer format of that task survives the text-only SFT.
 Some conversations start with a system prompt (no loss on it).
 """
 
@@ -25,6 +28,7 @@ from typing import Any
 
 from ...errors import ConfigError
 from ...fusion.chat_template import KIMI_DEFAULT_SYSTEM_PROMPT
+from .screencast import page_html, random_page
 from .world import (
     COLORS,
     LETTERS,
@@ -35,7 +39,7 @@ from .world import (
     sample_rng,
 )
 
-KINDS: tuple[tuple[str, float], ...] = (("mc", 0.3), ("number", 0.25), ("fact", 0.1), ("trace", 0.35))
+KINDS: tuple[tuple[str, float], ...] = (("mc", 0.3), ("number", 0.2), ("fact", 0.1), ("trace", 0.3), ("page", 0.1))
 
 _MMLU_API = ('The following are multiple choice questions (with answers) about {category}. Think step by step and '
              'then output the answer in the format of "The answer is (X)" at the end.\n\n')
@@ -166,7 +170,17 @@ def _trace(rng: random.Random) -> tuple[str, str]:
     return prompt, reply
 
 
-_MAKERS = {"mc": _mc, "number": _number, "fact": _fact, "trace": _trace}
+def _page(rng: random.Random) -> tuple[str, str]:
+    spec = random_page(rng)
+    sections = "; ".join(f"a {sec.color} section {sec.height}px tall with the heading '{sec.heading}' and the text "
+                         f"'{sec.text}'" for sec in spec.sections)
+    prompt = (f"A web page has a {spec.header_color} header {spec.header_height}px tall titled '{spec.title}', then "
+              f"{sections}, then a {spec.button_color} button {spec.button_width}px wide labelled '{spec.button}'. "
+              "Write the HTML of this web page.")
+    return prompt, page_html(spec)
+
+
+_MAKERS = {"mc": _mc, "number": _number, "fact": _fact, "trace": _trace, "page": _page}
 
 
 def sft_conversation(rng: random.Random) -> list[dict[str, str]]:

@@ -27,6 +27,9 @@ def test_deterministic_text_only_conversations(conversations):
 
 
 def test_answer_formats_and_python_traces(conversations):
+    pages = [c[-1]["content"] for c in conversations if c[-1]["content"].startswith("<html>")]
+    assert pages and all(p.endswith("</body></html>") for p in pages)  # the video2web answer format, from text
+    conversations = [c for c in conversations if not c[-1]["content"].startswith("<html>")]
     replies = [c[-1]["content"] for c in conversations]
     prompts = [c[-2]["content"] for c in conversations]
     assert all(re.search(r"The answer is \S+\.$", r) for r in replies), [r for r in replies

@@ -1,0 +1,454 @@
+"""Video to website: a screen recording of a web page -> the HTML of that page (`kimi-vl demo video2web`).
+
+Pipeline (`run_video2web`):
+
+1. Model: a saved Kimi-VL directory (`config.json` of model_type `kimi_vl`, weights, processor and tokenizer files).
+   A missing directory or missing files raise `CheckpointError`; a model without a vision encoder (e.g. a
+   `kimi_vl_text` checkpoint) or a processor without a video processor raises `ConfigError`.
+2. Video: decoded with decord (`kimi_vl.vision.load_video`), sampled by `fps` or `num_frames` (default: the video
+   processor's `fps`). The sample is kept within the media budget: at most the video processor's `max_frames`
+   frames, each within its `max_patches` patch budget, and at most `max_video_tokens` vision tokens in all
+   (default `DEFAULT_MAX_VIDEO_TOKENS`); a long video gets fewer, still uniformly spaced, frames (whole chunks of
+   `temporal_patch_size` frames). Corrupt, empty or unreadable videos raise `InvalidMediaError`.
+3. Prompt: the processor's chat template with one user turn `[video, SCREENCAST_QUESTION]`
+   (`kimi_vl.training.data.world.SCREENCAST_QUESTION`, the question the training data asks) and the assistant
+   header;
+   the processor expands the video into per-chunk MoonViT-3D media blocks.
+4. Generation: `model.generate` (greedy by default) stops at `</html>` (a stopping criterion on the decoded text),
+   at `<|im_end|>` / the end-of-document token (eos ids), or after `max_new_tokens`.
+5. Output: the reply is repaired into a well-formed document (`kimi_vl.demos.html_repair.repair_html`) and written
+   to `OUT_DIR/site.html` (the raw reply to `OUT_DIR/reply.txt`).
+6. `render=True`: `site.html` is rendered by headless Chromium at the video's frame size (`render.png`) and as a
+   taller page (8 frame heights, at most 8192 px) for the score; `compare.png` shows the first sampled frame next
+   to the render; `score.json` holds `kimi_vl.demos.similarity.page_similarity` between the frames and the page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from PIL import Image
+from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers.video_utils import VideoMetadata
+
+from ..errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
+from ..training.data.world import SCREENCAST_QUESTION
+from ..vision.media import VideoFrames, load_video
+from .html_repair import repair_html
+
+__all__ = [
+    "DEFAULT_MAX_VIDEO_TOKENS",
+    "StopOnText",
+    "Video2WebResult",
+    "add_video2web_parser",
+    "build_prompt",
+    "generate_html",
+    "load_model",
+    "read_video",
+    "render_and_score",
+    "run_video2web",
+]
+
+DEFAULT_MAX_VIDEO_TOKENS = 2048
+"""Default cap on the vision tokens of the video (all chunks together)."""
+RENDER_HEIGHT_FACTOR = 8
+MAX_RENDER_HEIGHT = 8192
+HTML_END = "</html>"
+
+
+@dataclass
+class Video2WebResult:
+    """What `run_video2web` produced.
+
+    Attributes:
+        site: path of `site.html`; `html` its text (the repaired document); `reply` the model's raw reply.
+        stop: why generation stopped: "html_end" (`</html>`), "eos" (`<|im_end|>` / end of document) or
+            "max_new_tokens" (the reply was cut; the repair closed what was open).
+        num_frames, frame_size: sampled frames and their `(width, height)`; `video_tokens`: vision tokens used.
+        new_tokens: generated tokens.
+        render, compare, score_file: paths written with `render=True` (else None); `score`: the score dict.
+    """
+
+    site: Path
+    html: str
+    reply: str
+    stop: str
+    num_frames: int
+    frame_size: tuple[int, int]
+    video_tokens: int
+    new_tokens: int
+    render: Path | None = None
+    compare: Path | None = None
+    score_file: Path | None = None
+    score: dict[str, Any] | None = field(default=None)
+
+
+# ----------------------------------------------------------------------------------------------------- model
+def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
+    """Load `(model, processor)` from a saved Kimi-VL directory, checking that it can read videos.
+
+    Raises:
+        CheckpointError: the directory or its config / weights / processor files are missing or unreadable.
+        ConfigError: the model has no vision encoder, or the processor no video processor.
+    """
+    from ..modeling import KimiVLForConditionalGeneration
+    from ..processing import KimiVLProcessor
+
+    path = Path(model_dir)
+    if not path.is_dir():
+        raise CheckpointError(
+            f"model directory {str(path)!r} does not exist; pass the directory a training stage wrote "
+            "(e.g. `kimi-vl train sft --out DIR`) or a model saved with save_pretrained."
+        )
+    config_file = path / "config.json"
+    if not config_file.is_file():
+        raise CheckpointError(f"{str(path)!r} has no config.json: it is not a saved model directory; pass the "
+                              "directory written by save_pretrained or a training stage.")
+    try:
+        config = json.loads(config_file.read_text())
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{str(config_file)!r} is not readable JSON ({exc}); re-save the model.") from exc
+    model_type = config.get("model_type") if isinstance(config, dict) else None
+    if model_type != "kimi_vl" or not isinstance(config.get("vision_config"), dict):
+        raise ConfigError(
+            f"the model in {str(path)!r} (model_type {model_type!r}) has no vision encoder, so it cannot read a "
+            "video; use a Kimi-VL model (model_type 'kimi_vl', e.g. from `kimi-vl train pretrain`)."
+        )
+    try:
+        processor = KimiVLProcessor.from_pretrained(str(path))
+    except KimiVLError:
+        raise
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise CheckpointError(
+            f"cannot load the processor / tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); save it "
+            "next to the model with processor.save_pretrained(DIR)."
+        ) from exc
+    if getattr(processor, "video_processor", None) is None:
+        raise ConfigError(f"the processor in {str(path)!r} has no video processor; save a KimiVLProcessor built "
+                          "with a MoonViTVideoProcessor.")
+    try:
+        model = KimiVLForConditionalGeneration.from_pretrained(str(path), dtype=dtype)
+    except KimiVLError:
+        raise
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise CheckpointError(
+            f"cannot load the model weights from {str(path)!r} ({type(exc).__name__}: {exc}); check that "
+            "model.safetensors is complete (re-save or re-download it)."
+        ) from exc
+    return model.to(device).eval(), processor
+
+
+# ----------------------------------------------------------------------------------------------------- video
+def _video_setting(processor: Any, name: str) -> Any:
+    return getattr(processor.video_processor, name)
+
+
+def read_video(
+    video: str | Path,
+    processor: Any,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    max_frames: int | None = None,
+    max_video_tokens: int | None = DEFAULT_MAX_VIDEO_TOKENS,
+) -> VideoFrames:
+    """Decode and sample a video within the media budget (module docstring, step 2).
+
+    Args:
+        video: path of the video file.
+        processor: the model's `KimiVLProcessor` (its video processor gives `fps`, `max_frames`, `max_patches`).
+        fps: frames per second to sample (default: the video processor's); ignored when `num_frames` is given.
+        num_frames: exact number of uniformly spaced frames (still capped by the budget).
+        max_frames: cap on frames (default: the video processor's `max_frames`).
+        max_video_tokens: cap on vision tokens (None: no cap besides `max_frames`).
+
+    Returns:
+        `VideoFrames` (frames `[T, H, W, 3]` uint8, source timestamps and indices).
+
+    Raises:
+        InvalidMediaError: missing / empty / corrupt video, or a frame size whose single chunk exceeds the budget.
+        ConfigError: non-positive settings.
+    """
+    if max_video_tokens is not None and max_video_tokens <= 0:
+        raise ConfigError(f"max_video_tokens must be positive, got {max_video_tokens}.")
+    probe = load_video(video, num_frames=1)  # decodes one frame: size, length, frame rate; raises on bad files
+    _, height, width, _ = probe.frames.shape
+    vp = processor.video_processor
+    cap = int(max_frames if max_frames is not None else _video_setting(processor, "max_frames"))
+    if max_video_tokens is not None:
+        chunk = int(vp.temporal_patch_size)
+        per_chunk = vp.get_num_video_tokens(1, height, width)
+        if per_chunk > max_video_tokens:
+            raise InvalidMediaError(
+                f"one chunk of this {width}x{height} video costs {per_chunk} vision tokens, over the budget of "
+                f"{max_video_tokens}; raise max_video_tokens or lower the video processor's max_patches."
+            )
+        cap = min(cap, (max_video_tokens // per_chunk) * chunk)
+    if num_frames is not None:
+        if num_frames > cap:
+            raise ConfigError(
+                f"num_frames={num_frames} is over the media budget of {cap} frames for this {width}x{height} video "
+                f"(max_frames / max_video_tokens={max_video_tokens}); ask for fewer frames or raise the budget."
+            )
+        return load_video(video, num_frames=num_frames, max_frames=cap)
+    rate = fps if fps is not None else _video_setting(processor, "fps")
+    return load_video(video, fps=rate, max_frames=cap)
+
+
+def build_prompt(processor: Any) -> str:
+    """The chat prompt: one user turn `[video, SCREENCAST_QUESTION]` and the assistant header (placeholders
+    unexpanded), as the chat-form training samples of the screencast task."""
+    messages = [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": SCREENCAST_QUESTION}]}]
+    return processor.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def _model_inputs(processor: Any, clip: VideoFrames) -> dict[str, torch.Tensor]:
+    """Processor outputs for the prompt and the decoded frames (timestamps from the source frame indices)."""
+    t, h, w, _ = clip.frames.shape
+    meta = VideoMetadata(
+        total_num_frames=clip.total_frames, fps=clip.fps, height=h, width=w,
+        frames_indices=clip.indices.tolist(), video_backend="decord",
+    )
+    inputs = processor(
+        text=[build_prompt(processor)], videos=[clip.frames], video_metadata=[meta], do_sample_frames=False,
+        return_tensors="pt",
+    )
+    keep = ("input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw")
+    return {k: inputs[k] for k in keep if k in inputs}
+
+
+# ----------------------------------------------------------------------------------------------------- generation
+class StopOnText(StoppingCriteria):
+    """Stop a sequence once its generated text contains `stop` (checked on the decoded tail, so the stop string
+    may span several tokens). Returns a `[batch]` bool tensor."""
+
+    def __init__(self, tokenizer: Any, stop: str, prompt_length: int) -> None:
+        self.tokenizer = tokenizer
+        self.stop = stop
+        self.prompt_length = prompt_length
+        self.window = len(stop) + 2  # every token decodes to >= 1 character (special tokens are skipped)
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
+        start = max(self.prompt_length, input_ids.shape[1] - self.window)
+        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
+        return torch.tensor([self.stop in t for t in tails], dtype=torch.bool, device=input_ids.device)
+
+
+def _stop_ids(processor: Any, model: Any) -> list[int]:
+    from ..fusion.tokenizer import DOC_EOS, IM_END
+
+    tok = processor.tokenizer
+    ids = {tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(DOC_EOS)}
+    eos = model.generation_config.eos_token_id
+    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+    return sorted(i for i in ids if i is not None and i >= 0 and i != tok.unk_token_id)
+
+
+def generate_html(
+    model: Any,
+    processor: Any,
+    clip: VideoFrames,
+    *,
+    max_new_tokens: int = 512,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+) -> tuple[str, str, int, int]:
+    """Generate the page's HTML for a sampled video.
+
+    Returns:
+        `(reply, stop, new_tokens, video_tokens)`: the reply text up to and including the first `</html>`
+        (special tokens removed), why generation stopped ("html_end" | "eos" | "max_new_tokens"), the number of
+        generated tokens and of vision tokens in the prompt.
+    """
+    if max_new_tokens <= 0:
+        raise ConfigError(f"max_new_tokens must be positive, got {max_new_tokens}.")
+    device = next(model.parameters()).device
+    inputs = {k: v.to(device) for k, v in _model_inputs(processor, clip).items()}
+    prompt_len = inputs["input_ids"].shape[1]
+    video_tokens = int((inputs["input_ids"] == processor.video_token_id).sum())
+    stops = _stop_ids(processor, model)
+    kwargs: dict[str, Any] = dict(do_sample=do_sample)
+    if do_sample:
+        kwargs["temperature"] = temperature
+    with torch.no_grad():
+        out = model.generate(
+            **inputs, max_new_tokens=max_new_tokens, eos_token_id=stops,
+            pad_token_id=processor.tokenizer.pad_token_id,
+            stopping_criteria=StoppingCriteriaList([StopOnText(processor.tokenizer, HTML_END, prompt_len)]),
+            **kwargs,
+        )
+    new = out[0, prompt_len:]
+    ids = new.tolist()
+    reply = processor.post_process_image_text_to_text(new, skip_special_tokens=True)
+    if HTML_END in reply:
+        stop = "html_end"
+        reply = reply[: reply.index(HTML_END) + len(HTML_END)]
+    elif ids and ids[-1] in stops:
+        stop = "eos"
+    else:
+        stop = "max_new_tokens"
+    return reply, stop, len(ids), video_tokens
+
+
+# ----------------------------------------------------------------------------------------------------- render
+def render_and_score(
+    site: str | Path,
+    frames: np.ndarray,
+    out_dir: str | Path,
+    *,
+    timeout: float = 60.0,
+    browser: str | None = None,
+) -> tuple[Path, Path, Path, dict[str, Any]]:
+    """Render `site` (an HTML file) at the frames' size and score it against the frames `[T, H, W, 3]`.
+
+    Writes `render.png` (the page's first screen, `W x H`), `compare.png` (first frame | render, a 4 px grey
+    gap) and `score.json` (`PageScore.to_dict()` plus the sizes) in `out_dir`.
+
+    Returns:
+        `(render_path, compare_path, score_path, score_dict)`.
+
+    Raises:
+        BrowserNotFoundError / BrowserError (KimiVLError): Chromium missing, failing or timing out.
+    """
+    from .render import render_html
+    from .similarity import page_similarity
+
+    out = Path(out_dir)
+    t, h, w, _ = frames.shape
+    page_h = min(MAX_RENDER_HEIGHT, max(h, RENDER_HEIGHT_FACTOR * h))
+    full = render_html(Path(site), w, page_h, timeout=timeout, browser=browser)
+    shot = full.crop((0, 0, w, h))  # the first screen: what a w x h window shows (the page lays out the same)
+    render_path = out / "render.png"
+    shot.save(render_path)
+    compare = Image.new("RGB", (2 * w + 4, h), (128, 128, 128))
+    compare.paste(Image.fromarray(frames[0]), (0, 0))
+    compare.paste(shot, (w + 4, 0))
+    compare_path = out / "compare.png"
+    compare.save(compare_path)
+    result = page_similarity(list(frames), full)
+    score = result.to_dict()
+    score.update({"frame_size": [w, h], "num_frames": int(t), "page_render_height": page_h})
+    score_path = out / "score.json"
+    score_path.write_text(json.dumps(score, indent=1))
+    return render_path, compare_path, score_path, score
+
+
+# ----------------------------------------------------------------------------------------------------- pipeline
+def run_video2web(
+    video: str | Path,
+    model_dir: str | Path,
+    out_dir: str | Path,
+    *,
+    fps: float | None = None,
+    num_frames: int | None = None,
+    max_frames: int | None = None,
+    max_video_tokens: int | None = DEFAULT_MAX_VIDEO_TOKENS,
+    max_new_tokens: int = 512,
+    do_sample: bool = False,
+    temperature: float = 1.0,
+    render: bool = False,
+    device: str = "cpu",
+    browser: str | None = None,
+    timeout: float = 60.0,
+    model: Any = None,
+    processor: Any = None,
+) -> Video2WebResult:
+    """Video -> `site.html` (and with `render=True` `render.png`, `compare.png`, `score.json`) in `out_dir`.
+
+    See the module docstring for the steps. `model` / `processor` may be passed already loaded (then `model_dir`
+    is not read). Raises `KimiVLError` subclasses: `CheckpointError` (model directory), `ConfigError` (model without
+    vision, bad settings), `InvalidMediaError` (video), `BrowserNotFoundError` / `BrowserError` (rendering).
+    """
+    video_path = Path(video)
+    if model is None or processor is None:
+        model, processor = load_model(model_dir, device=device)
+    clip = read_video(video_path, processor, fps=fps, num_frames=num_frames, max_frames=max_frames,
+                      max_video_tokens=max_video_tokens)
+    reply, stop, new_tokens, video_tokens = generate_html(
+        model, processor, clip, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature
+    )
+    document = repair_html(reply)
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the output directory {str(out)!r} ({exc}); pass a writable -o DIR.") from exc
+    site = out / "site.html"
+    site.write_text(document, encoding="utf-8", newline="")
+    (out / "reply.txt").write_text(reply, encoding="utf-8", newline="")
+    t, h, w, _ = clip.frames.shape
+    result = Video2WebResult(
+        site=site, html=document, reply=reply, stop=stop, num_frames=int(t), frame_size=(int(w), int(h)),
+        video_tokens=video_tokens, new_tokens=new_tokens,
+    )
+    if render:
+        result.render, result.compare, result.score_file, result.score = render_and_score(
+            site, clip.frames, out, timeout=timeout, browser=browser
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------------------------------- CLI
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text}")
+    return value
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _cli(args: argparse.Namespace) -> None:
+    result = run_video2web(
+        args.video, args.model, args.out_dir, fps=args.fps, num_frames=args.num_frames, max_frames=args.max_frames,
+        max_video_tokens=args.max_video_tokens, max_new_tokens=args.max_new_tokens, do_sample=args.temperature > 0,
+        temperature=args.temperature or 1.0, render=args.render, device=args.device, browser=args.browser,
+        timeout=args.timeout,
+    )
+    w, h = result.frame_size
+    print(f"read {result.num_frames} frames of {w}x{h} ({result.video_tokens} vision tokens); generated "
+          f"{result.new_tokens} tokens (stop: {result.stop})")
+    print(f"wrote {result.site}")
+    if result.score is not None:
+        s = result.score
+        print(f"wrote {result.render}, {result.compare}, {result.score_file}")
+        print(f"similarity {s['score']:.4f} (structure {s['structure']:.4f}, colour layout {s['colour_layout']:.4f})")
+
+
+def add_video2web_parser(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """Add the `video2web` command to the `demo` group's sub-parsers; it runs `run_video2web` (`args.func`)."""
+    p = subparsers.add_parser(
+        "video2web", help="screen recording of a web page -> site.html (optionally rendered and scored)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("video", help="video file (mp4, webm, ...) of the page")
+    p.add_argument("--model", required=True, help="saved Kimi-VL model directory (with processor files)")
+    p.add_argument("-o", "--out-dir", required=True, help="output directory (site.html, reply.txt, ...)")
+    p.add_argument("--fps", type=_positive_float, default=None, help="frames per second to sample "
+                   "(default: the model's video processor setting)")
+    p.add_argument("--num-frames", type=_positive_int, default=None, help="sample this many frames instead")
+    p.add_argument("--max-frames", type=_positive_int, default=None, help="cap on sampled frames "
+                   "(default: the video processor's max_frames)")
+    p.add_argument("--max-video-tokens", type=_positive_int, default=DEFAULT_MAX_VIDEO_TOKENS,
+                   help="cap on vision tokens; long videos get fewer frames (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=_positive_int, default=512, help="generation length cap")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
+    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--render", action="store_true", help="render site.html with headless Chromium: render.png, "
+                   "compare.png and score.json (visual similarity to the video)")
+    p.add_argument("--browser", default=None, help="Chromium executable (default: $KIMI_VL_CHROMIUM or chromium)")
+    p.add_argument("--timeout", type=_positive_float, default=60.0, help="seconds allowed for the browser")
+    p.set_defaults(func=_cli)
+    return p

@@ -1,0 +1,130 @@
+"""Training stages as functions. Each writes a Hugging Face checkpoint directory (`config.json`,
+`model.safetensors`, processor and tokenizer files: `from_pretrained` loads it) plus `metrics.jsonl`, `plots/`,
+`state/` (resumable training state) and `training_summary.json`. Rerunning a stage resumes it from its last
+checkpoint; a finished stage (its summary says `complete`) is not rerun.
+
+- `pretrain`: joint text-vision pre-training from scratch on the embedded corpus (a constant vision-token ratio
+  from step one), MuonClip.
+- `sft`: zero-vision SFT from a checkpoint: text-only chats, loss on assistant tokens only.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..configuration import KimiVLConfig
+from ..errors import CheckpointError
+from ..fusion import build_tokenizer
+from ..modeling import KimiVLForConditionalGeneration
+from ..processing import KimiVLProcessor
+from ..text import KimiTextConfig
+from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
+from .data.corpus import tokenizer_texts
+from .data.packing import pretrain_stream, sft_stream
+from .plots import plot_metrics
+from .presets import Preset, get_preset
+from .trainer import TrainConfig, Trainer, read_metrics, unigram_entropy
+
+SUMMARY = "training_summary.json"
+VAL_SEED_OFFSET = 1_000_003  # validation batches come from a disjoint seed
+
+
+def build_processor(preset: Preset, seed: int = 0) -> KimiVLProcessor:
+    """Train the BPE tokenizer on the embedded corpus and wrap it with the preset's image and video processors."""
+    tokenizer = build_tokenizer(tokenizer_texts(seed, preset.tokenizer_texts), preset.vocab_size)
+    return KimiVLProcessor(MoonViTImageProcessor(max_patches=preset.image_max_patches), tokenizer,
+                           MoonViTVideoProcessor(fps=preset.video_fps, max_patches=preset.video_max_patches))
+
+
+def build_model(preset: Preset, processor: KimiVLProcessor) -> KimiVLForConditionalGeneration:
+    tok = processor.tokenizer
+    text = KimiTextConfig(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                          eos_token_id=tok.eos_token_id, **preset.text)
+    config = KimiVLConfig(vision_config=MoonViTConfig(**preset.vision), text_config=text,
+                          image_token_id=processor.image_token_id, video_token_id=processor.video_token_id)
+    return KimiVLForConditionalGeneration(config)
+
+
+def read_summary(path: str | Path) -> dict[str, Any] | None:
+    f = Path(path) / SUMMARY
+    return json.loads(f.read_text()) if f.is_file() else None
+
+
+def stage_complete(path: str | Path) -> bool:
+    summary = read_summary(path)
+    return bool(summary and summary.get("complete"))
+
+
+def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneration, KimiVLProcessor]:
+    """Model (fp32, train mode) and processor from a stage's output directory."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"{path} is not a model checkpoint directory (no config.json); pass the --out "
+                              "directory of a finished `kimi-vl train` stage.")
+    model = KimiVLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    return model, KimiVLProcessor.from_pretrained(path)
+
+
+def _run(stage: str, model: KimiVLForConditionalGeneration, processor: KimiVLProcessor, data, val_data,
+         cfg: TrainConfig, out_dir: Path, extra: dict[str, Any]) -> Path:
+    t0 = time.perf_counter()
+    baseline = unigram_entropy(data)
+    last = Trainer(model, data, cfg, out_dir, val_data=val_data, desc=stage).train()
+    metrics = read_metrics(out_dir / "metrics.jsonl")
+    plot_metrics(metrics, out_dir / "plots", title=stage, baseline=baseline)
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    summary = {"stage": stage, **extra, "steps": cfg.steps, "final_loss": last.get("loss"),
+               "val_loss": last.get("val_loss"), "unigram_baseline": baseline, "tokens": last.get("tokens"),
+               "skipped_steps": last.get("skipped_total"), "wall_time_s": time.perf_counter() - t0,
+               "complete": True}
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
+    return out_dir
+
+
+def _processor_for(out_dir: Path, preset: Preset, seed: int) -> KimiVLProcessor:
+    """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer."""
+    if (out_dir / "tokenizer.json").is_file():
+        return KimiVLProcessor.from_pretrained(out_dir)
+    processor = build_processor(preset, seed)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    processor.save_pretrained(out_dir)
+    return processor
+
+
+def pretrain(out_dir: str | Path, *, preset: str = "tiny", steps: int | None = None, seed: int = 0,
+             progress: bool = True, **overrides: Any) -> Path:
+    """Joint text-vision pre-training from scratch; returns the checkpoint directory `out_dir`."""
+    out_dir = Path(out_dir)
+    if stage_complete(out_dir):
+        return out_dir
+    p = get_preset(preset)
+    cfg = TrainConfig(**{**p.pretrain, **overrides, **({"steps": steps} if steps else {}), "progress": progress})
+    processor = _processor_for(out_dir, p, seed)
+    torch.manual_seed(seed)
+    model = build_model(p, processor)
+    stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio)
+    data = pretrain_stream(processor, seed=seed, **stream)
+    val = pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **stream)
+    return _run("pretrain", model, processor, data, val, cfg, out_dir, {"preset": preset, "seed": seed})
+
+
+def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, steps: int | None = None,
+        seed: int = 0, progress: bool = True, **overrides: Any) -> Path:
+    """Zero-vision SFT of the checkpoint in `from_dir`; returns the checkpoint directory `out_dir`."""
+    out_dir = Path(out_dir)
+    if stage_complete(out_dir):
+        return out_dir
+    preset = preset or (read_summary(from_dir) or {}).get("preset", "tiny")
+    p = get_preset(preset)
+    cfg = TrainConfig(**{**p.sft, **overrides, **({"steps": steps} if steps else {}), "progress": progress})
+    model, processor = load_checkpoint_dir(from_dir)
+    data = sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed)
+    val = sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed + VAL_SEED_OFFSET)
+    return _run("sft", model, processor, data, val, cfg, out_dir,
+                {"preset": preset, "seed": seed, "from": str(from_dir)})

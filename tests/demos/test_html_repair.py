@@ -1,0 +1,98 @@
+"""repair_html: any string -> a well-formed HTML document (html.parser tree, re-serialised)."""
+
+import random
+import xml.etree.ElementTree as ET
+from html.parser import HTMLParser
+
+import pytest
+
+from kimi_vl.demos.html_repair import repair_html
+from kimi_vl.training.data.screencast import page_html, random_page
+
+DOCTYPE = "<!DOCTYPE html>"
+VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}
+
+
+class _Balanced(HTMLParser):
+    """Checks that every non-void start tag is closed in order."""
+
+    def __init__(self):
+        super().__init__()
+        self.stack: list[str] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag not in VOID:
+            self.stack.append(tag)
+
+    def handle_startendtag(self, tag, attrs):
+        assert tag in VOID, f"<{tag}/> is not a void element"
+
+    def handle_endtag(self, tag):
+        assert self.stack and self.stack[-1] == tag, f"</{tag}> closes {self.stack}"
+        self.stack.pop()
+
+
+def check_document(doc: str) -> ET.Element:
+    """Asserts the document is well-formed (HTML balance + XML parse) with html > head, body; returns the root."""
+    assert doc.startswith(DOCTYPE)
+    parser = _Balanced()
+    parser.feed(doc)
+    parser.close()
+    assert parser.stack == []
+    root = ET.fromstring(doc[len(DOCTYPE):])
+    assert root.tag == "html" and [c.tag for c in root] == ["head", "body"]
+    return root
+
+
+@pytest.mark.parametrize("text", [
+    "", None, b"", "   \n", "plain text", "<", "</", "<<>>", "</div></body></html>", "<html>", "<!-- unterminated",
+    "<div><p>unclosed", '<div style="height:36px;backgr', "<html><body><div>abc</di", "<b>x</i></b></p>tail",
+    '<a"b=c x>weird name</a"b>', "<p a=1 a=2 b>dup</p>", "\x00\x01\x02\ufffe\ud800 ctrl", b"\xff\xfe\x00\x80<div>\x00",
+    "<style>a>b{color:red}</style><style>]]></style><title>T &amp; U</title>", "<table><tr><td>1<td>2</table>",
+    "<![CDATA[x]]><?php echo 1 ?><!DOCTYPE foo>", "<![x]>a<![b", '<![!"', "<![if !IE]><p>x</p><![endif]>", "&lt;&gt;&amp;&#0;&#xD800;&bogus; & < >",
+])
+def test_repair_is_well_formed(text):
+    check_document(repair_html(text))
+
+
+def test_repair_of_random_garbage_and_idempotence():
+    rng = random.Random(0)
+    alphabet = '<>/="\' abdivphtmlbodystylescripttitle&;#x![]?-\x00\n'
+    for _ in range(150):
+        for text in (bytes(rng.randrange(256) for _ in range(rng.randint(0, 120))),
+                     "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 120)))):
+            doc = repair_html(text)
+            check_document(doc)
+            assert repair_html(doc) == doc
+
+
+def test_truncated_page_keeps_its_content_and_closes_it():
+    html = page_html(random_page(random.Random(4)))
+    cut = html[: len(html) * 2 // 3]
+    doc = repair_html(cut)
+    root = check_document(doc)
+    body = root.find("body")
+    assert body.get("style") == "margin:0;font:10px sans-serif"
+    assert body[0].tag == "div" and body[0].get("style").startswith("height:")
+    # a complete page comes back as the same tree, only wrapped in the standard document shell
+    full = repair_html(html)
+    check_document(full)
+    assert full == DOCTYPE + '<html><head><meta charset="utf-8"/></head>' + html[len("<html>"):]
+
+
+def test_repair_removes_active_content():
+    doc = repair_html('<div onclick="x()">a<script>alert(1)</script><iframe src="y"></iframe>'
+                      '<a href=" javascript:alert(2)">l</a><img src="p.png" onerror="z()"></div>')
+    check_document(doc)
+    for bad in ("script", "alert", "iframe", "onclick", "onerror", "javascript"):
+        assert bad not in doc
+    assert '<img src="p.png"/>' in doc and "<a>l</a>" in doc
+
+
+def test_head_elements_and_text_escaping():
+    doc = repair_html("<title>a<b</title><style>p{color:red}</style>x < y & z<br>")
+    root = check_document(doc)
+    head, body = root
+    assert [e.tag for e in head] == ["meta", "title", "style"]
+    assert head.find("title").text == "a<b" and head.find("style").text == "p{color:red}"
+    assert body.text == "x < y & z" and body[0].tag == "br"

@@ -1,0 +1,164 @@
+"""`kimi-vl demo video2web` end to end with a tiny random model on generated screencasts, and its errors."""
+
+import argparse
+import json
+import random
+import xml.etree.ElementTree as ET
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from kimi_vl.demos.video2web import (
+    StopOnText,
+    add_video2web_parser,
+    generate_html,
+    load_model,
+    read_video,
+    run_video2web,
+)
+from kimi_vl.errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
+from kimi_vl.text import KimiTextConfig
+from kimi_vl.training.data.screencast import make_screencast, write_video
+from tests.demos.conftest import chromium_or_none
+from tests.test_export import tiny_model, tiny_processor
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v2w_model")
+    proc = tiny_processor()
+    model = tiny_model(proc)
+    model.save_pretrained(root)
+    proc.save_pretrained(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    return load_model(model_dir)
+
+
+@pytest.fixture(scope="module")
+def cast(tmp_path_factory):
+    root = tmp_path_factory.mktemp("v2w_video")
+    sc = make_screencast(random.Random(21), width=160, height=120, num_frames=8, fps=4.0)
+    return sc, write_video(sc.frames, root / "cast.mp4", sc.fps)
+
+
+def well_formed(path) -> ET.Element:
+    text = path.read_text(encoding="utf-8")
+    assert text.startswith("<!DOCTYPE html><html>") and text.endswith("</body></html>")
+    root = ET.fromstring(text[len("<!DOCTYPE html>"):])
+    assert [c.tag for c in root] == ["head", "body"]
+    return root
+
+
+def cli(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="kimi-vl")
+    demo = parser.add_subparsers(dest="command", required=True).add_parser("demo")
+    add_video2web_parser(demo.add_subparsers(dest="demo", required=True))
+    return parser.parse_args(argv)
+
+
+def test_end_to_end_truncated_output(model_dir, cast, tmp_path):
+    sc, video = cast
+    out = tmp_path / "out"
+    result = run_video2web(video, model_dir, out, max_new_tokens=24, render=chromium_or_none() is not None)
+    assert result.stop == "max_new_tokens" and result.new_tokens == 24  # a random model: cut, malformed output
+    assert result.num_frames == 8 and result.frame_size == (160, 120) and result.video_tokens > 0
+    well_formed(out / "site.html")
+    assert (out / "reply.txt").read_bytes().decode("utf-8") == result.reply
+    if result.score is not None:  # Chromium is installed
+        assert Image.open(out / "render.png").size == (160, 120)
+        assert Image.open(out / "compare.png").size == (2 * 160 + 4, 120)
+        score = json.loads((out / "score.json").read_text())
+        assert 0.0 <= score["score"] <= 1.0 and len(score["frame_scores"]) == 8
+        assert score["frame_size"] == [160, 120]
+
+
+def test_cli_with_render(model_dir, cast, tmp_path, chromium, capsys):
+    _, video = cast
+    args = cli(["demo", "video2web", str(video), "--model", str(model_dir), "-o", str(tmp_path / "o"),
+                "--num-frames", "4", "--max-new-tokens", "8", "--render"])
+    args.func(args)
+    printed = capsys.readouterr().out
+    assert "read 4 frames of 160x120" in printed and "similarity" in printed
+    for name in ("site.html", "render.png", "compare.png", "score.json"):
+        assert (tmp_path / "o" / name).is_file()
+
+
+def test_stops_at_closing_tag(loaded, cast, monkeypatch):
+    model, proc = loaded
+    _, video = cast
+    clip = read_video(video, proc)
+    tok = proc.tokenizer
+    target = tok("<html><body>hi</body></html> trailing junk", add_special_tokens=False)["input_ids"]
+
+    def fake_generate(input_ids, stopping_criteria, max_new_tokens, **kwargs):
+        seq = input_ids
+        for t in target[:max_new_tokens]:
+            seq = torch.cat([seq, torch.tensor([[t]])], 1)
+            if any(bool(c(seq, None).all()) for c in stopping_criteria):
+                break
+        return seq
+
+    monkeypatch.setattr(model, "generate", fake_generate)
+    reply, stop, new_tokens, _ = generate_html(model, proc, clip, max_new_tokens=100)
+    assert stop == "html_end" and reply.replace(" ", "").endswith("</body></html>") and "junk" not in reply
+    assert new_tokens < len(target)
+
+
+def test_stop_on_text_criterion(loaded):
+    _, proc = loaded
+    tok = proc.tokenizer
+    prompt = tok("the cat", add_special_tokens=False)["input_ids"]
+    done = tok("<p>x</p></html>", add_special_tokens=False)["input_ids"]
+    crit = StopOnText(tok, "</html>", len(prompt))
+    ids = torch.tensor([prompt + done, prompt + done[:-1] + [done[0]] * (len(done) - len(done[:-1]))])
+    assert crit(ids, None).tolist() == [True, False]
+
+
+def test_long_video_fits_the_budget(loaded, tmp_path):
+    _, proc = loaded
+    frames = [np.full((48, 64, 3), 4 * i, np.uint8) for i in range(48)]
+    video = write_video(frames, tmp_path / "long.mp4", 8.0)
+    per_chunk = proc.video_processor.get_num_video_tokens(1, 48, 64)
+    clip = read_video(video, proc, fps=8.0, max_video_tokens=2 * per_chunk)  # 2 chunks of 4 frames
+    assert clip.frames.shape[0] == 8
+    assert clip.indices.tolist() == list(range(0, 48, 6))  # uniformly spaced over the whole video
+    assert read_video(video, proc, fps=1.0).frames.shape[0] == 6
+    with pytest.raises(ConfigError, match="media budget"):
+        read_video(video, proc, num_frames=12, max_video_tokens=2 * per_chunk)
+    with pytest.raises(InvalidMediaError, match="over the budget"):
+        read_video(video, proc, max_video_tokens=per_chunk - 1)
+
+
+def test_bad_videos(model_dir, tmp_path):
+    corrupt = tmp_path / "corrupt.mp4"
+    corrupt.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    empty = tmp_path / "empty.mp4"
+    empty.write_bytes(b"")
+    for video, pattern in ((corrupt, "cannot be decoded|no decodable"), (empty, "empty"),
+                           (tmp_path / "missing.mp4", "does not exist")):
+        with pytest.raises(InvalidMediaError, match=pattern):
+            run_video2web(video, model_dir, tmp_path / "out")
+    assert not (tmp_path / "out" / "site.html").exists()
+
+
+def test_bad_model_directories(cast, tmp_path):
+    _, video = cast
+    with pytest.raises(CheckpointError, match="does not exist"):
+        run_video2web(video, tmp_path / "nowhere", tmp_path / "out")
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(CheckpointError, match="no config.json"):
+        run_video2web(video, tmp_path / "empty_dir", tmp_path / "out")
+    text_only = tmp_path / "text_only"
+    KimiTextConfig(vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2).save_pretrained(
+        text_only)
+    with pytest.raises(ConfigError, match="no vision encoder"):
+        run_video2web(video, text_only, tmp_path / "out")
+    args = cli(["demo", "video2web", str(video), "--model", str(tmp_path / "nowhere"), "-o", str(tmp_path / "o")])
+    with pytest.raises(KimiVLError):
+        args.func(args)
