@@ -40,7 +40,7 @@ class KimiVLPreTrainedModel(PreTrainedModel):
     config: KimiVLConfig
     base_model_prefix = ""
     supports_gradient_checkpointing = True
-    _no_split_modules = ["KimiDecoderLayer", "MoonViTBlock"]
+    _no_split_modules = ["KimiDeltaAttention", "MultiHeadLatentAttention", "MoE", "SwiGLU", "MoonViTBlock"]
     _supports_sdpa = True
     _is_stateful = True
 

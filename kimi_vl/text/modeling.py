@@ -53,7 +53,9 @@ class KimiTextPreTrainedModel(PreTrainedModel):
     config: KimiTextConfig
     base_model_prefix = "model"
     supports_gradient_checkpointing = True
-    _no_split_modules = ["KimiDecoderLayer"]
+    # The residual stream calls each layer's mixer and FFN directly (`layer.attention`, `layer.feed_forward`), not
+    # `layer.forward`: these are the units FSDP2 / device_map hooks must wrap.
+    _no_split_modules = ["KimiDeltaAttention", "MultiHeadLatentAttention", "MoE", "SwiGLU"]
     _supports_sdpa = True
     _is_stateful = True
 

@@ -1,5 +1,10 @@
-"""Training utilities: the MuonClip optimizer."""
+"""Training: the MuonClip optimizer, distributed helpers, the trainer, stages and presets."""
 
+from .distributed import all_reduce_max, get_rank, get_world_size, init_distributed, is_main_process
 from .muonclip import MuonClip, route_parameters, zeropower_via_newtonschulz
+from .trainer import TrainConfig, Trainer
 
-__all__ = ["MuonClip", "route_parameters", "zeropower_via_newtonschulz"]
+__all__ = [
+    "MuonClip", "TrainConfig", "Trainer", "all_reduce_max", "get_rank", "get_world_size", "init_distributed",
+    "is_main_process", "route_parameters", "zeropower_via_newtonschulz",
+]

@@ -124,6 +124,7 @@ class Trainer:
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
         self.raw_model = self.accelerator.unwrap_model(self.model)
+        self.inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # unwrapped from accelerate
         self.routers = {n: m for n, m in self.raw_model.named_modules() if isinstance(m, TopKRouter)}
         self.state_dir = self.out_dir / "state"
         self.metrics_path = self.out_dir / "metrics.jsonl"
@@ -225,9 +226,7 @@ class Trainer:
         return out
 
     def _max_logits(self) -> dict[str, float]:
-        maxima = getattr(self.optimizer, "last_max_logits", None)
-        if maxima is None:  # accelerate wraps the optimizer
-            maxima = getattr(getattr(self.optimizer, "optimizer", None), "last_max_logits", {})
+        maxima = getattr(self.inner_optimizer, "last_max_logits", {})
         return {name: float(s.max()) for name, s in maxima.items()}
 
     @torch.no_grad()
@@ -241,6 +240,8 @@ class Trainer:
                 losses.append(float(self.model(**batch.model_inputs()).loss))
         for router in self.routers.values():
             router.expert_load.zero_()
+        if isinstance(self.inner_optimizer, MuonClip):  # validation forwards must not feed the next QK-Clip
+            self.inner_optimizer.reset_max_logits()
         self.model.train()
         return sum(losses) / len(losses)
 

@@ -176,8 +176,50 @@ class MoonViTRotaryEmbedding(nn.Module):
         return angles.sin(), angles.cos()
 
 
+# Max-logit recording computes scores in blocks of at most this many elements (segments * heads * rows * L).
+MAX_LOGIT_BLOCK_ELEMENTS = 1 << 24
+
+
+@torch.no_grad()
+def packed_max_logits(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
+    """Per-head max pre-softmax logit `max q_i . k_j * scale` over the pairs `packed_attention` attends (both
+    tokens in the same segment; never across segments), fp32: `q, k [total_tokens, heads, head_dim]` -> `[heads]`
+    (-inf for an empty pack). Runs of adjacent equal-length segments are batched; scores are computed in blocks
+    of at most `MAX_LOGIT_BLOCK_ELEMENTS`, so memory stays bounded and no pack-wide mask is built."""
+    heads = q.shape[1]
+    q, k = q.detach().float(), k.detach().float()
+    offsets = cu_seqlens.tolist()
+    runs: list[list[int]] = []  # [start, length, count] of adjacent equal-length non-empty segments
+    for s, e in zip(offsets, offsets[1:]):
+        if e == s:
+            continue
+        if runs and runs[-1][1] == e - s and runs[-1][0] + runs[-1][1] * runs[-1][2] == s:
+            runs[-1][2] += 1
+        else:
+            runs.append([s, e - s, 1])
+    out = torch.full((heads,), float("-inf"), device=q.device)
+    for start, length, count in runs:
+        qs, ks = (x[start : start + length * count].view(count, length, heads, -1).transpose(1, 2) for x in (q, k))
+        rows = min(length, max(1, MAX_LOGIT_BLOCK_ELEMENTS // (heads * length)))  # query rows per block
+        segs = max(1, MAX_LOGIT_BLOCK_ELEMENTS // (heads * rows * length))  # whole segments per block
+        for s0 in range(0, count, segs):
+            kt = ks[s0 : s0 + segs].mT
+            for r0 in range(0, length, rows):
+                scores = qs[s0 : s0 + segs, :, r0 : r0 + rows] @ kt  # [segs, heads, rows, length]
+                out = torch.maximum(out, scores.amax(dim=(0, 2, 3)))
+    return out * scale  # scale > 0 and rounding is monotonic: max(x) * scale == max(x * scale)
+
+
 class MoonViTAttention(nn.Module):
-    """Multi-head self-attention over a packed sequence with 2-D RoPE; never crosses segment boundaries."""
+    """Multi-head self-attention over a packed sequence with 2-D RoPE; never crosses segment boundaries.
+
+    With `record_max_logits = True` (set by `kimi_vl.training.MuonClip` for QK-Clip), every forward folds the
+    per-head max pre-softmax logit (`packed_max_logits`, scale included) into `max_logits` (`[num_heads]` fp32,
+    `torch.maximum` across forwards until reset to None).
+    """
+
+    record_max_logits: bool = False
+    max_logits: torch.Tensor | None = None
 
     def __init__(self, config: MoonViTConfig) -> None:
         super().__init__()
@@ -192,6 +234,9 @@ class MoonViTAttention(nn.Module):
         q, k, v = self.qkv(x).view(x.shape[0], 3, self.num_heads, self.head_dim).unbind(1)
         q = apply_rot_embed(q, sin, cos, half=True)
         k = apply_rot_embed(k, sin, cos, half=True)
+        if self.record_max_logits:
+            m = packed_max_logits(q, k, cu_seqlens, self.head_dim**-0.5)
+            self.max_logits = m if self.max_logits is None else torch.maximum(self.max_logits, m)
         o = packed_attention(q, k, v, cu_seqlens)
         return self.proj(o.reshape(x.shape[0], -1))
 

@@ -1,13 +1,24 @@
-"""MuonClip: Newton-Schulz, RMS matching, parity with torch.optim.Muon / AdamW, routing, QK-Clip, max-logit recording."""
+"""MuonClip: Newton-Schulz, RMS matching, parity with torch.optim.Muon / AdamW, routing, QK-Clip (MLA and MoonViT's
+MHA), max-logit recording, accumulation over micro-batches and ranks, and the logit-explosion integration test."""
+
+import copy
 
 import pytest
 import torch
 import torch.optim._muon as torch_muon
+from timm.layers import apply_rot_embed
 from torch import nn
 
+import kimi_vl.training.muonclip as muonclip_mod
+import kimi_vl.vision.moonvit as moonvit_mod
+from kimi_vl.errors import ConfigError
+from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.text.mla import MultiHeadLatentAttention
 from kimi_vl.text.moe import Experts
 from kimi_vl.training import MuonClip, zeropower_via_newtonschulz
+from kimi_vl.vision import MoonViTConfig
+from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout, packed_max_logits
+from tests.test_modeling import IMG, image, sample, tiny_vl
 from tests.text.test_model import tiny_config, tiny_model
 
 # ---------------------------------------------------------------- Muon
@@ -337,3 +348,315 @@ def test_tiny_model_trains_with_muonclip():
     assert list(opt.last_max_logits) == ["model.layers.3.self_attn"]
     assert opt.last_max_logits["model.layers.3.self_attn"].shape == (2,)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+def test_bad_settings_raise_config_error():
+    lin = nn.Linear(4, 4)
+    for kw in [dict(qk_clip_tau=0.0), dict(qk_clip_tau=float("nan")), dict(ns_steps=0), dict(momentum=1.0)]:
+        with pytest.raises(ConfigError):
+            MuonClip(lin, lr=1e-3, **kw)
+
+
+def test_every_non_matrix_and_every_pseudo_query_goes_to_adamw():
+    model = tiny_model(residual="block_attnres")
+    opt = MuonClip(model, lr=1e-3)
+    routes = opt.routing()
+    muon = {id(p) for g in opt.param_groups if g["kind"] == "muon" for p in g["params"]}
+    for name, p in model.named_parameters():
+        if p.ndim != 2 and not name.endswith(("experts.w1", "experts.w2", "experts.w3")):
+            assert routes[name] == "adamw" and id(p) not in muon, name
+        if getattr(p, "_kimi_optim", None) == "adamw" or name.startswith("model.residual."):
+            assert routes[name] == "adamw" and id(p) not in muon, name
+    assert any(name.startswith("model.residual.") for name in routes)
+
+
+# ---------------------------------------------------------------- MoonViT (MHA) max logits and QK-Clip
+
+VIT = MoonViTConfig(hidden_size=32, num_attention_heads=4, num_hidden_layers=1, intermediate_size=32,
+                    pos_emb_height=8, pos_emb_width=8)
+# two adjacent 4-token images, two adjacent 8-token segments (an image and a 2-frame chunk), one more image
+CHUNKS = [(1, 2, 2), (1, 2, 2), (1, 2, 4), (2, 2, 2), (1, 2, 2)]
+
+
+def _vit(seed=0):
+    torch.manual_seed(seed)
+    attn = MoonViTAttention(VIT)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.3)
+    return attn
+
+
+def _vit_inputs(chunks=CHUNKS, seed=1):
+    layout = build_layout(chunks, torch.device("cpu"))
+    x = torch.randn(int(layout.cu_seqlens[-1]), VIT.hidden_size, generator=torch.Generator().manual_seed(seed))
+    return x, layout.cu_seqlens, MoonViTRotaryEmbedding(VIT)(layout)
+
+
+def _vit_pair_scores(attn, x, rope):
+    """Every pair's logit `[h, N, N]` over the whole pack (cross-segment pairs included), fp32."""
+    with torch.no_grad():
+        q, k, _ = attn.qkv(x).view(x.shape[0], 3, attn.num_heads, attn.head_dim).unbind(1)
+        q, k = (apply_rot_embed(t, *rope, half=True) for t in (q, k))
+        return torch.einsum("ihd,jhd->hij", q, k) * attn.head_dim**-0.5
+
+
+def _same_segment(cu):
+    seg = torch.repeat_interleave(torch.arange(len(cu) - 1), cu.diff())
+    return seg[:, None] == seg[None, :]
+
+
+def _vit_max(attn, x, cu, rope):
+    return _vit_pair_scores(attn, x, rope).masked_fill(~_same_segment(cu), float("-inf")).amax(dim=(1, 2))
+
+
+@pytest.mark.parametrize("block", [None, 4 * 8 * 3, 4 * 4 * 4 * 2, 1])
+def test_packed_max_logits_equal_explicit_block_diagonal_scores(monkeypatch, block):
+    if block is not None:  # row blocks inside a segment, several segments per block, one score per block
+        monkeypatch.setattr(moonvit_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
+    q, k = torch.randn(2, 28, 4, 8).unbind(0)
+    cu = torch.tensor([0, 4, 4, 8, 16, 24, 28], dtype=torch.int32)  # one empty segment
+    want = (torch.einsum("ihd,jhd->hij", q, k) * 0.3).masked_fill(~_same_segment(cu), float("-inf"))
+    torch.testing.assert_close(packed_max_logits(q, k, cu, 0.3), want.amax(dim=(1, 2)), rtol=1e-6, atol=1e-6)
+    assert torch.equal(packed_max_logits(q, k, torch.tensor([0, 0]), 0.3)[:0], torch.empty(0))
+
+
+def test_vision_recording_off_by_default_output_unchanged_and_accumulates():
+    attn = _vit()
+    x, cu, rope = _vit_inputs()
+    out = attn(x, cu, rope)
+    assert attn.max_logits is None
+    attn.record_max_logits = True
+    assert torch.equal(attn(x, cu, rope), out)
+    torch.testing.assert_close(attn.max_logits, _vit_max(attn, x, cu, rope), rtol=1e-5, atol=1e-5)
+    first = attn.max_logits.clone()
+    x2, cu2, rope2 = _vit_inputs([(1, 4, 4)], seed=2)
+    attn(x2, cu2, rope2)
+    torch.testing.assert_close(attn.max_logits, torch.maximum(first, _vit_max(attn, x2, cu2, rope2)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_qk_clip_is_exact_on_vision_heads_with_bias():
+    attn = _vit()
+    h, d = attn.num_heads, attn.head_dim
+    with torch.no_grad():  # boost heads 0 and 2 (weight and bias) so they clip, heads 1 and 3 do not
+        attn.qkv.weight.view(3, h, d, -1)[0, [0, 2]] *= 4
+        attn.qkv.bias.view(3, h, d)[0, [0, 2]] *= 4
+    x, cu, rope = _vit_inputs()
+    same = _same_segment(cu)
+    before = _vit_pair_scores(attn, x, rope)
+    s = before.masked_fill(~same, float("-inf")).amax(dim=(1, 2))
+    tau = float((s[[0, 2]].min() + s[[1, 3]].max()) / 2)
+    assert s[[1, 3]].max() < tau < s[[0, 2]].min()
+    weight_only = copy.deepcopy(attn)  # the rejected alternative: scale the weight rows but not the bias
+    opt = MuonClip(attn, lr=0.0, qk_clip_tau=tau)
+    assert list(opt.attention_modules) == [""]
+    v_rows = attn.qkv.weight.view(3, h, d, -1)[2].clone()
+    v_bias = attn.qkv.bias.view(3, h, d)[2].clone()
+    proj = [p.detach().clone() for p in attn.proj.parameters()]
+    attn(x, cu, rope)
+    opt.step()  # no gradients: only QK-Clip acts
+    torch.testing.assert_close(opt.last_max_logits[""], s, rtol=1e-6, atol=1e-6)
+    after = _vit_pair_scores(attn, x, rope)
+    s_after = after.masked_fill(~same, float("-inf")).amax(dim=(1, 2))
+    torch.testing.assert_close(s_after[[0, 2]], torch.full((2,), tau), rtol=1e-5, atol=0)
+    assert torch.equal(after[[1, 3]], before[[1, 3]])
+    gamma = tau / s
+    for i in (0, 2):  # every pair of the head, cross-segment ones included: q_h and k_h are scaled exactly
+        torch.testing.assert_close(after[i], gamma[i] * before[i], rtol=1e-5, atol=1e-5)
+    assert torch.equal(attn.qkv.weight.view(3, h, d, -1)[2], v_rows)
+    assert torch.equal(attn.qkv.bias.view(3, h, d)[2], v_bias)
+    assert all(torch.equal(a, b) for a, b in zip(attn.proj.parameters(), proj))
+    assert attn.max_logits is None
+    with torch.no_grad():
+        root = (tau / s).sqrt().clamp(max=1)
+        weight_only.qkv.weight.view(3, h, d, -1)[:2] *= root[:, None, None]
+    missed = _vit_pair_scores(weight_only, x, rope).masked_fill(~same, float("-inf")).amax(dim=(1, 2))
+    assert ((missed[[0, 2]] - tau).abs() > 1e-3 * tau).all()
+
+
+def test_cross_segment_logit_does_not_trigger_vision_clipping():
+    attn = _vit()
+    x, cu, rope = _vit_inputs([(1, 2, 2), (1, 2, 2)])
+    with torch.no_grad():  # inputs 0..7 do not reach the queries; segment 1 lives there with huge keys
+        attn.qkv.weight[: VIT.hidden_size, :8] = 0
+        attn.qkv.bias[: VIT.hidden_size] = 0
+        x[4:] = 0
+        x[4:, :8] = 30 * torch.randn(4, 8)
+    full = _vit_pair_scores(attn, x, rope)
+    allowed_max = full.masked_fill(~_same_segment(cu), float("-inf")).amax(dim=(1, 2))
+    tau = float(allowed_max.max()) + 1.0
+    assert full[:, :4, 4:].amax() > 10 * tau  # segment 0's queries against segment 1's keys
+    opt = MuonClip(attn, lr=0.0, qk_clip_tau=tau)
+    weights = {n: p.detach().clone() for n, p in attn.named_parameters()}
+    attn(x, cu, rope)
+    opt.step()
+    torch.testing.assert_close(opt.last_max_logits[""], allowed_max, rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(p, weights[n]) for n, p in attn.named_parameters())
+
+
+def test_vision_qk_clip_is_configurable_and_vision_routing():
+    model = tiny_vl()
+    on = MuonClip(model, lr=1e-3)
+    vision = [n for n in on.attention_modules if n.startswith("vision_tower.")]
+    text = [n for n in on.attention_modules if not n.startswith("vision_tower.")]
+    assert vision == ["vision_tower.layers.0.attn", "vision_tower.layers.1.attn"]
+    assert text == ["language_model.model.layers.3.self_attn"]
+    routes = on.routing()
+    assert routes["vision_tower.layers.0.attn.qkv.weight"] == "muon"
+    for name in ["vision_tower.layers.0.attn.qkv.bias", "vision_tower.patch_embed.pos_emb",
+                 "vision_tower.patch_embed.proj.weight", "vision_tower.layers.0.norm1.weight"]:
+        assert routes[name] == "adamw", name
+    (pa, ga), (pb, gb) = image(4, 4), image(2, 6)
+    ids = torch.tensor([sample([3, 4], [ga, gb], [6, 7, 8])])
+    model.train()(ids, pixel_values=torch.cat([pa, pb]), image_grid_thw=torch.tensor([ga, gb]), labels=ids).loss.backward()
+    on.step()
+    assert sorted(on.last_max_logits) == sorted(vision + text)
+    assert on.last_max_logits["vision_tower.layers.0.attn"].shape == (2,)
+    off = MuonClip(model, lr=1e-3, qk_clip_vision=False)
+    assert list(off.attention_modules) == text
+    assert not any(m.record_max_logits for m in model.vision_tower.modules() if isinstance(m, MoonViTAttention))
+    assert model.language_model.model.layers[3].self_attn.record_max_logits
+    MuonClip(model, lr=1e-3, qk_clip_tau=None)
+    assert not any(getattr(m, "record_max_logits", False) for m in model.modules())
+    assert (ids == IMG).any()
+
+
+# ---------------------------------------------------------------- micro-batches and ranks
+
+
+def _two_kinds():
+    model = nn.ModuleDict({"mla": _mla(), "vit": _vit()})
+    return model, torch.randn(2, 9, 32), _vit_inputs()
+
+
+def test_max_logits_are_the_max_over_micro_batches_of_a_step():
+    model, x, (v, cu, rope) = _two_kinds()
+    x2, (v2, cu2, rope2) = torch.randn(2, 9, 32) * 3, _vit_inputs([(1, 4, 2)], seed=5)
+    singles = []
+    for xs, vs in [((x,), (v, cu, rope)), ((x2,), (v2, cu2, rope2))]:
+        opt = MuonClip(model, lr=0.0, qk_clip_tau=1e9)
+        model["mla"](*xs)
+        model["vit"](*vs)
+        opt.step()
+        singles.append(opt.last_max_logits)
+    opt = MuonClip(model, lr=0.0, qk_clip_tau=1e9)
+    model["mla"](x)
+    model["vit"](v, cu, rope)
+    model["mla"](x2)
+    model["vit"](v2, cu2, rope2)
+    opt.step()
+    for name in ("mla", "vit"):
+        torch.testing.assert_close(opt.last_max_logits[name], torch.maximum(singles[0][name], singles[1][name]))
+        assert model[name].max_logits is None
+    opt.step()  # nothing recorded since: nothing reported
+    assert opt.last_max_logits == {}
+    model["vit"](v, cu, rope)
+    opt.reset_max_logits()
+    opt.step()
+    assert opt.last_max_logits == {}
+
+
+def test_max_logits_are_all_reduced_once_with_max_before_clipping(monkeypatch):
+    """One flat collective for all modules; a larger max on another rank clips here too, and a module that ran
+    only on the other rank is reported and clipped."""
+    model, x, (v, cu, rope) = _two_kinds()
+    calls = []
+    remote = {}
+
+    def fake_all_reduce_max(t):
+        calls.append(t.clone())
+        return t.copy_(torch.maximum(t, remote["flat"]))
+
+    monkeypatch.setattr(muonclip_mod, "all_reduce_max", fake_all_reduce_max)
+    model["vit"].record_max_logits = True
+    model["vit"](v, cu, rope)
+    local_vit = model["vit"].max_logits.clone()
+    model["vit"].max_logits = None
+    tau = float(local_vit.max()) + 1.0
+    opt = MuonClip(model, lr=0.0, qk_clip_tau=tau)
+    remote_mla = torch.full((4,), tau / 2)  # the MLA ran only on the other rank, below tau
+    remote_vit = torch.full((4,), float("-inf"))
+    remote_vit[1] = 2 * tau  # head 1 exceeds tau on the other rank only
+    remote["flat"] = torch.cat([remote_mla, remote_vit])
+    model["vit"](v, cu, rope)
+    opt.step()
+    assert len(calls) == 1 and calls[0].shape == (8,)
+    assert torch.equal(calls[0][:4], torch.full((4,), float("-inf")))  # the MLA did not run here
+    torch.testing.assert_close(opt.last_max_logits["mla"], remote_mla)
+    torch.testing.assert_close(opt.last_max_logits["vit"], torch.maximum(local_vit, remote_vit))
+    after = _vit_max(model["vit"], v, cu, rope)
+    torch.testing.assert_close(after[1], local_vit[1] * 0.5, rtol=1e-5, atol=1e-6)  # gamma = tau / (2 tau)
+    assert torch.equal(after[[0, 2, 3]], _vit_max(model["vit"], v, cu, rope)[[0, 2, 3]])
+    torch.testing.assert_close(after[[0, 2, 3]], local_vit[[0, 2, 3]], rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- integration: logit explosion
+
+
+def _retrieval_batch(n, gen, keys=8, values=8, pairs=8):
+    """Key-value retrieval: `pairs` tokens `key * values + value` (distinct keys), a query token naming one key,
+    then the answer (its value); only the answer is a label. Solving it sharply rewards ever larger logits."""
+    k = torch.argsort(torch.rand(n, keys, generator=gen), 1)[:, :pairs]
+    v = torch.randint(0, values, (n, pairs), generator=gen)
+    pick = torch.randint(0, pairs, (n,), generator=gen)
+    rows = torch.arange(n)
+    answer = keys * values + keys + v[rows, pick]
+    ids = torch.cat([k * values + v, (keys * values + k[rows, pick])[:, None], answer[:, None]], 1)
+    labels = torch.full_like(ids, -100)
+    labels[:, -1] = answer
+    return ids, labels
+
+
+def _retrieval_model():
+    torch.manual_seed(0)
+    cfg = KimiTextConfig(vocab_size=80, hidden_size=32, intermediate_size=64, num_hidden_layers=1, layer_types=["mla"],
+                         num_attention_heads=2, kv_lora_rank=16, qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8,
+                         first_k_dense=1, residual="standard", num_experts=4, num_experts_per_tok=2,
+                         moe_intermediate_size=16, kda_num_heads=2, kda_head_dim=8, pad_token_id=None,
+                         bos_token_id=None, eos_token_id=None)
+    return KimiTextForCausalLM(cfg).train()
+
+
+def _forward_backward(model, opt, batch):
+    ids, labels = batch
+    loss = model(ids, labels=labels).loss
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    return loss.item()
+
+
+def test_qk_clip_keeps_an_exploding_max_logit_near_tau():
+    """No weight decay, Muon at a high lr on key-value retrieval (batch 512, so batch-to-batch noise in the max is
+    small). At the first step whose forward passes tau = 10 the run forks: a copy without QK-Clip keeps growing
+    (> 2 tau within 45 steps), while with QK-Clip every later step's recorded max (before clipping) stays <= 1.05
+    tau, and both solve the task."""
+    tau, after = 10.0, 45
+    gen = torch.Generator().manual_seed(0)
+    batches = [_retrieval_batch(512, gen) for _ in range(200)]
+    model = _retrieval_model()
+    opt = MuonClip(model, lr=0.01, weight_decay=0.0, qk_clip_tau=tau)
+    name = "model.layers.0.self_attn"
+    free, first = None, None
+    clipped_max, free_max, clipped_losses, free_losses = [], [], [], []
+    for i, batch in enumerate(batches):
+        clipped_losses.append(_forward_backward(model, opt, batch))
+        if free is None and float(opt.attention_modules[name].max_logits.max()) > tau:
+            free, first = copy.deepcopy((model, opt)), i  # gradients and recorded maxima come along
+            free[1].qk_clip_tau = float("inf")
+            free_losses.append(clipped_losses[-1])
+        elif free is not None:
+            free_losses.append(_forward_backward(*free, batch))
+        opt.step()
+        clipped_max.append(float(opt.last_max_logits[name].max()))
+        if free is not None:
+            free[1].step()
+            free_max.append(float(free[1].last_max_logits[name].max()))
+            if i == first + after:
+                break
+    assert first is not None and first > 20 and len(free_max) == after + 1
+    assert free_max[0] == clipped_max[first] > tau
+    assert max(free_max) > 2 * tau
+    assert max(clipped_max) <= 1.05 * tau
+    assert max(clipped_max[first + 5 :]) > 0.95 * tau  # clipped every step, not pushed far below tau
+    assert sum(clipped_losses[-10:]) / 10 < 0.05 and sum(free_losses[-10:]) / 10 < 0.05
