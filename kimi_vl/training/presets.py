@@ -24,6 +24,7 @@ class Preset:
     seq_len: int
     rows: int                  # packed rows of seq_len per micro-batch
     vision_ratio: float        # fraction of pre-training tokens that are vision tokens, constant from step one
+    pretrain_data: dict[str, Any] = field(default_factory=dict)  # pretrain_stream mixture overrides
     pretrain: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides
     sft: dict[str, Any] = field(default_factory=dict)
     rl: dict[str, Any] = field(default_factory=dict)         # RLConfig overrides + "steps", "prompts_per_step"

@@ -108,7 +108,7 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", steps: int | None = N
     processor = _processor_for(out_dir, p, seed)
     torch.manual_seed(seed)
     model = build_model(p, processor)
-    stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio)
+    stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio, **p.pretrain_data)
     data = pretrain_stream(processor, seed=seed, **stream)
     val = pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **stream)
     return _run("pretrain", model, processor, data, val, cfg, out_dir, {"preset": preset, "seed": seed})
