@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from .errors import KimiVLError
 
@@ -40,6 +41,22 @@ def _sft(args: argparse.Namespace) -> None:
     print(f"wrote {sft(args.from_dir, args.out, steps=args.steps, seed=args.seed)}")
 
 
+def _rl(args: argparse.Namespace) -> None:
+    from .training.stages import rl
+
+    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
+    out = rl(args.from_dir, args.out, tasks=tasks, steps=args.steps, seed=args.seed, algorithm=args.algorithm)
+    print(f"wrote {out}")
+
+
+def _ablate(args: argparse.Namespace) -> None:
+    from .eval.ablation import vision_rl_ablation
+
+    vision_rl_ablation(args.from_dir, args.out, seeds=args.seeds, steps=args.steps, data_dir=args.data_dir,
+                       limit=args.limit)
+    print((Path(args.out) / "ablation.md").read_text())
+
+
 def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
     train = sub.add_parser("train", help="training stages (each writes a Hugging Face checkpoint directory and "
                            "resumes from its last checkpoint when rerun)")
@@ -48,11 +65,23 @@ def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
     pre.add_argument("--preset", default="tiny", help="model/data/schedule preset: tiny (CPU) or small (one GPU)")
     sft = stages.add_parser("sft", help="zero-vision SFT (text-only chats) from a checkpoint")
     sft.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from")
-    for stage, func in ((pre, _pretrain), (sft, _sft)):
+    rl = stages.add_parser("rl", help="joint text-vision RL (K2.5 objective, verifiable rewards) from a checkpoint")
+    rl.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from (SFT)")
+    rl.add_argument("--tasks", default="text,vision", help="task families: text, vision or text,vision")
+    rl.add_argument("--algorithm", choices=["k25", "grpo"], default="k25")
+    for stage, func in ((pre, _pretrain), (sft, _sft), (rl, _rl)):
         stage.add_argument("--out", required=True, help="output checkpoint directory")
         stage.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's)")
         stage.add_argument("--seed", type=int, default=0)
         stage.set_defaults(func=func)
+
+
+def _quickstart(args: argparse.Namespace) -> None:
+    from .quickstart import quickstart
+
+    report = quickstart(args.out, preset=args.preset, data_dir=args.data_dir, scale=args.scale,
+                        eval_limit=args.eval_limit, seed=args.seed)
+    print(f"wrote {report}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,6 +100,16 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
     kv.add_argument("dst", help="destination directory")
     kv.set_defaults(func=_convert_vision)
+    qs = sub.add_parser("quickstart", help="the whole pipeline offline on the embedded data: tokenizer, pre-training, "
+                        "zero-vision SFT, joint RL, evaluation, the video2web demo, a checkpoint and REPORT.md "
+                        "(resumable: rerun to continue)")
+    qs.add_argument("--out", default="runs/quickstart", help="output directory (default: runs/quickstart)")
+    qs.add_argument("--preset", default="tiny", help="tiny (2 CPU cores, ~15 min) or small (one GPU)")
+    qs.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
+    qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
+    qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")
+    qs.add_argument("--seed", type=int, default=0)
+    qs.set_defaults(func=_quickstart)
     export = sub.add_parser("export", help="a saved Kimi-VL model directory -> a self-contained Hugging Face "
                             "remote-code copy (loads with trust_remote_code=True, without kimi_vl installed)")
     export.add_argument("model_dir", help="saved model (+ processor and tokenizer) directory")
@@ -82,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     ev = sub.add_parser("eval", help="MMLU-Pro / MathVista (official protocols) and their offline proxies")
     add_eval_arguments(ev)
     ev.set_defaults(func=run_eval_from_args)
+    ablate = sub.add_parser("ablate", help="ablations")
+    kinds = ablate.add_subparsers(dest="ablation", required=True)
+    vrl = kinds.add_parser("vision-rl", help="RL text-only vs text+vision from one SFT checkpoint, evaluated on text "
+                           "and vision benchmarks, seeds and 95%% CIs")
+    vrl.add_argument("--from", dest="from_dir", required=True, help="SFT checkpoint directory")
+    vrl.add_argument("--out", required=True)
+    vrl.add_argument("--seeds", type=int, default=3)
+    vrl.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's)")
+    vrl.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
+    vrl.add_argument("--limit", type=int, default=None, help="at most N items per benchmark")
+    vrl.set_defaults(func=_ablate)
     from .demos.video2web import add_video2web_parser
 
     demo = sub.add_parser("demo", help="demos: video2web (a screencast -> a web page, rendered and scored)")

@@ -76,3 +76,27 @@ def _save(fig: Any, path: Path) -> Path:
     fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
+
+
+def plot_rl_metrics(metrics: list[dict[str, Any]], out_dir: str | Path, *, title: str = "RL") -> list[Path]:
+    """Write `rewards.png` (mean reward and reward per task) and `rl_stats.png` (response length, fraction of
+    tokens masked, entropy) into `out_dir`."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    steps = [m["step"] for m in metrics]
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(steps, [m["reward_mean"] for m in metrics], lw=2, color="black", label="mean")
+    for key in sorted({k for m in metrics for k in m if k.startswith("reward/")}):
+        pts = [(m["step"], m[key]) for m in metrics if key in m]
+        ax.plot(*zip(*pts), lw=0.8, alpha=0.8, label=key.split("/", 1)[1])
+    ax.set(xlabel="step", ylabel="reward", title=f"{title} reward".strip())
+    ax.legend(fontsize="x-small", ncol=2)
+    written = [_save(fig, out_dir / "rewards.png")]
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.5))
+    for ax, key, label in zip(axes, ("response_length", "masked_fraction", "entropy"),
+                              ("response length (tokens)", "fraction of tokens masked", "entropy (nats)")):
+        ax.plot(steps, [m.get(key, float("nan")) for m in metrics], lw=1)
+        ax.set(xlabel="step", ylabel=label)
+    fig.suptitle(title)
+    written.append(_save(fig, out_dir / "rl_stats.png"))
+    return written

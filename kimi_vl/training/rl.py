@@ -30,7 +30,7 @@ import inspect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -39,7 +39,7 @@ from torch import nn
 
 from ..errors import ConfigError, ShapeError
 from ..fusion.chat_template import CHAT_TEMPLATE, render_chat
-from ..fusion.tokenizer import DOC_EOS, IM_END
+from ..fusion.tokenizer import DOC_EOS, IM_END, MEDIA_PAD, VIDEO_PLACEHOLDER
 from . import rewards as _rewards
 
 MEDIA_KEYS: tuple[str, ...] = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
@@ -284,6 +284,7 @@ def token_logprobs(
     *,
     temperature: float = 1.0,
     with_entropy: bool = False,
+    suppress_token_ids: Sequence[int] = (),
     **media: torch.Tensor | None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Log-probs `[N, T]` of the response tokens under `model` (one forward; gradients flow when enabled).
@@ -293,6 +294,7 @@ def token_logprobs(
     Only the last `T + 1` positions go through the LM head (`logits_to_keep`); in fp32,
     `logp = logits[y] / temperature - logsumexp(logits / temperature)`, set to 0 where `response_mask` is 0.
     `with_entropy=True` also returns the token entropy `[N, T]` of `softmax(logits / temperature)` (no gradient).
+    `suppress_token_ids` get logit -inf, as they did when sampling (`rollout` suppresses the media placeholders).
     """
     if input_ids.ndim != 2 or response_mask.ndim != 2 or response_mask.shape[0] != input_ids.shape[0]:
         raise ShapeError(f"input_ids {tuple(input_ids.shape)} and response_mask {tuple(response_mask.shape)} must be "
@@ -307,6 +309,8 @@ def token_logprobs(
                           "KimiVLForConditionalGeneration for image / video prompts.")
     out = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=T + 1, **media)
     logits = out.logits[:, :-1].float()
+    if len(suppress_token_ids):
+        logits = logits.index_fill(-1, torch.tensor(list(suppress_token_ids), device=logits.device), -math.inf)
     if temperature != 1.0:
         logits = logits / temperature
     targets = input_ids[:, -T:]
@@ -318,7 +322,7 @@ def token_logprobs(
         return logp
     with torch.no_grad():
         probs = torch.softmax(logits.detach(), dim=-1)
-        entropy = lse.detach() - (probs * logits.detach()).sum(-1)
+        entropy = lse.detach() - (probs * logits.detach().nan_to_num(neginf=0.0)).sum(-1)
         entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
     return logp, entropy
 
@@ -342,6 +346,8 @@ class Rollouts:
         pad_token_id: id used for padding.
         temperature: the sampling temperature (log-probs are recomputed with it).
         micro_batch_size: rows per forward used for `old_logp` (`rl_step` should use the same).
+        suppress_token_ids: ids that could not be sampled (the media placeholders: a generated placeholder would
+            be taken for a media slot when the sequence is re-encoded), masked out of every recomputed log-prob.
     """
 
     samples: list[Any]
@@ -357,6 +363,7 @@ class Rollouts:
     temperature: float = 1.0
     micro_batch_size: int = 8
     ref_logp: torch.Tensor | None = None
+    suppress_token_ids: tuple[int, ...] = ()
 
     @property
     def num_prompts(self) -> int:
@@ -423,12 +430,11 @@ class Rollouts:
     def to(self, device: torch.device | str) -> Rollouts:
         """The rollouts with every tensor moved to `device`."""
         move = lambda t: None if t is None else t.to(device)
-        return Rollouts(
-            samples=self.samples, group_size=self.group_size, prompts=[move(p) for p in self.prompts],
+        return replace(
+            self, prompts=[move(p) for p in self.prompts],
             media=[{k: move(v) for k, v in m.items()} for m in self.media], response_ids=move(self.response_ids),
-            response_mask=move(self.response_mask), old_logp=move(self.old_logp), texts=self.texts,
-            truncated=move(self.truncated), pad_token_id=self.pad_token_id, temperature=self.temperature,
-            micro_batch_size=self.micro_batch_size, ref_logp=move(self.ref_logp),
+            response_mask=move(self.response_mask), old_logp=move(self.old_logp), truncated=move(self.truncated),
+            ref_logp=move(self.ref_logp),
         )
 
 
@@ -533,7 +539,8 @@ def policy_logprobs(model: nn.Module, rollouts: Rollouts, micro_batch_size: int 
             inputs = rollouts.model_inputs(rows)
             mask = inputs.pop("response_mask")
             logp = token_logprobs(model, inputs.pop("input_ids"), inputs.pop("attention_mask"), mask,
-                                  temperature=rollouts.temperature, **inputs)
+                                  temperature=rollouts.temperature,
+                                  suppress_token_ids=rollouts.suppress_token_ids, **inputs)
             out[rows.start:rows.stop, : mask.shape[1]] = logp.float()
     finally:
         model.train(was_training)
@@ -574,6 +581,8 @@ def rollout(
     tok = _tokenizer(processor)
     pad = tok.pad_token_id if tok.pad_token_id is not None else _end_token_ids(tok)[0]
     ends = _end_token_ids(tok)
+    suppress = tuple(i for i in tok.convert_tokens_to_ids([MEDIA_PAD, VIDEO_PLACEHOLDER])
+                     if i is not None and i != tok.unk_token_id)
     device = _model_device(model)
     encoded = [encode_prompt(s, processor, processor_kwargs) for s in samples]
     if any(media for _, media in encoded) and not _accepts_media(model):
@@ -593,6 +602,7 @@ def rollout(
                 out = model.generate(
                     **batch, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
                     max_new_tokens=max_new_tokens, pad_token_id=pad, eos_token_id=ends, use_cache=True,
+                    suppress_tokens=list(suppress) or None,
                 )
                 responses.append(out[:, width:].cpu())
     finally:
@@ -613,7 +623,7 @@ def rollout(
         samples=list(samples), group_size=k, prompts=[ids for ids, _ in encoded], media=[m for _, m in encoded],
         response_ids=response_ids, response_mask=response_mask, old_logp=torch.zeros_like(response_mask),
         texts=texts, truncated=~has_end, pad_token_id=pad, temperature=temperature,
-        micro_batch_size=micro_batch_size,
+        micro_batch_size=micro_batch_size, suppress_token_ids=suppress,
     ).to(device)
     result.old_logp = policy_logprobs(model, result)
     if ref_model is not None:
@@ -679,7 +689,8 @@ def rl_step(
                 t = mb_mask.shape[1]
                 first = update == 0
                 out = token_logprobs(model, inputs.pop("input_ids"), inputs.pop("attention_mask"), mb_mask,
-                                     temperature=rollouts.temperature, with_entropy=first, **inputs)
+                                     temperature=rollouts.temperature, with_entropy=first,
+                                     suppress_token_ids=rollouts.suppress_token_ids, **inputs)
                 logp, entropy = out if first else (out, None)
                 old = rollouts.old_logp[sl, :t]
                 if grpo:

@@ -6,6 +6,7 @@ checkpoint; a finished stage (its summary says `complete`) is not rerun.
 - `pretrain`: joint text-vision pre-training from scratch on the embedded corpus (a constant vision-token ratio
   from step one), MuonClip.
 - `sft`: zero-vision SFT from a checkpoint: text-only chats, loss on assistant tokens only.
+- `rl`: joint text-vision RL from a checkpoint (K2.5 objective, verifiable rewards on synthetic-world tasks).
 """
 
 from __future__ import annotations
@@ -18,16 +19,20 @@ from typing import Any
 import torch
 
 from ..configuration import KimiVLConfig
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigError
 from ..fusion import build_tokenizer
 from ..modeling import KimiVLForConditionalGeneration
 from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
+from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .data.corpus import tokenizer_texts
 from .data.packing import pretrain_stream, sft_stream
-from .plots import plot_metrics
+from .data.world import TEXT_TASKS, VISION_TASKS, make_samples
+from .muonclip import MuonClip
+from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
+from .rl import RLConfig, rl_iteration
 from .trainer import TrainConfig, Trainer, read_metrics, unigram_entropy
 
 SUMMARY = "training_summary.json"
@@ -128,3 +133,71 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     val = sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed + VAL_SEED_OFFSET)
     return _run("sft", model, processor, data, val, cfg, out_dir,
                 {"preset": preset, "seed": seed, "from": str(from_dir)})
+
+
+RL_TASKS = {"text": tuple(t for t in TEXT_TASKS if t != "fact"), "vision": VISION_TASKS}
+"""RL task families: verifiable text tasks (arithmetic, multiple choice) and image tasks (counting, colours,
+shapes, charts, OCR, grounding, visual math); `fact` is left to pre-training (its free-text answers)."""
+
+
+def rl_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    unknown = [f for f in families if f not in RL_TASKS]
+    if unknown or not families:
+        raise ConfigError(f"unknown RL task families {unknown or families}; choose from {', '.join(RL_TASKS)}.")
+    return tuple(t for f in families for t in RL_TASKS[f])
+
+
+def rl(from_dir: str | Path, out_dir: str | Path, *, tasks: tuple[str, ...] | list[str] = ("text", "vision"),
+       preset: str | None = None, steps: int | None = None, seed: int = 0, progress: bool = True,
+       checkpoint_every: int = 10, **overrides: Any) -> Path:
+    """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"` is passed);
+    step `i` draws `prompts_per_step` fresh world samples cycling through the task families' tasks (a pure function
+    of `(seed, i)`, so a resumed run is the uninterrupted one). Returns the checkpoint directory `out_dir`."""
+    from tqdm.auto import tqdm
+
+    out_dir = Path(out_dir)
+    if stage_complete(out_dir):
+        return out_dir
+    preset = preset or (read_summary(from_dir) or {}).get("preset", "tiny")
+    settings = {**get_preset(preset).rl, **overrides}
+    total = steps or settings.pop("steps")
+    settings.pop("steps", None)
+    prompts, lr = settings.pop("prompts_per_step"), settings.pop("lr")
+    cfg = RLConfig.from_dict(settings)
+    task_list = rl_tasks(tasks)
+    model, processor = load_checkpoint_dir(from_dir)
+    optimizer = MuonClip(model, lr, weight_decay=0.0)
+    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    step, t0 = 0, time.perf_counter()
+    if (last := latest_checkpoint(state_dir)) is not None:
+        step = load_checkpoint(last, model=model, optimizer=optimizer)["step"]
+        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= step]
+        metrics_path.write_text("".join(line + "\n" for line in kept))
+    elif metrics_path.exists():
+        metrics_path.unlink()
+    bar = tqdm(total=total, initial=step, desc=f"rl ({'+'.join(tasks)})", disable=not progress, dynamic_ncols=True)
+    while step < total:
+        samples = make_samples(task_list, prompts, seed=seed * 1_000_003 + step)
+        metrics, _ = rl_iteration(model, optimizer, processor, samples, cfg, seed=seed * 1_000_003 + step)
+        model.language_model.model.update_router_biases()
+        step += 1
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        bar.update(1)
+        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
+        if step % checkpoint_every == 0 or step == total:
+            save_checkpoint(state_dir, step, model=model, optimizer=optimizer, trainer_state={"tasks": list(tasks)})
+    bar.close()
+    metrics = read_metrics(metrics_path)
+    plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({'+'.join(tasks)})")
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    first, last_ = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
+    summary = {"stage": "rl", "preset": preset, "seed": seed, "from": str(from_dir), "tasks": list(tasks),
+               "steps": total, "algorithm": cfg.algorithm, "k": cfg.k, "prompts_per_step": prompts,
+               "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
+               "reward_last_fifth": sum(m["reward_mean"] for m in last_) / len(last_),
+               "wall_time_s": time.perf_counter() - t0, "complete": True}
+    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
+    return out_dir

@@ -328,7 +328,9 @@ def test_old_logprobs_are_the_sampling_distribution(tok):
         cache_logits.append(res.logits[:, -1])
         step_in = ro.response_ids[:, t : t + 1]
         attn = torch.cat([attn, torch.ones_like(step_in)], dim=1)
-    cached = (torch.stack(cache_logits, 1) / 0.8).log_softmax(-1).gather(-1, ro.response_ids[..., None]).squeeze(-1)
+    assert ro.suppress_token_ids  # the media placeholders can never be sampled
+    logits = torch.stack(cache_logits, 1).index_fill(-1, torch.tensor(ro.suppress_token_ids), -torch.inf)
+    cached = (logits / 0.8).log_softmax(-1).gather(-1, ro.response_ids[..., None]).squeeze(-1)
     torch.testing.assert_close(cached * ro.response_mask, ro.old_logp, rtol=1e-4, atol=1e-4)
 
 
@@ -535,3 +537,15 @@ def test_rl_learns_arithmetic(tok):
     curve = _curve(model, tok, cfg, opt, make_samples, 30)
     first, last = np.mean(curve[:5]), np.mean(curve[-5:])
     assert last - first > 0.3 and last > 0.5, curve
+
+
+@torch.no_grad()
+def test_rollouts_never_sample_media_placeholders(tok):
+    """A generated placeholder would be taken for a media slot when the sequence is re-encoded: it is suppressed."""
+    model = text_model(tok).eval()
+    placeholder = tok.convert_tokens_to_ids("<|media_pad|>")
+    model.lm_head.weight[placeholder] = 50 * model.lm_head.weight.abs().max()  # the model would always pick it
+    ro = rollout(model, tok, _prompts(2), k=2, max_new_tokens=4, seed=0)
+    assert placeholder in ro.suppress_token_ids
+    assert not (ro.response_ids == placeholder).any()
+    assert torch.isfinite(ro.old_logp).all()
