@@ -12,6 +12,7 @@ checkpoint; a finished stage (its summary says `complete`) is not rerun.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -79,7 +80,11 @@ def _run(stage: str, model: KimiVLForConditionalGeneration, processor: KimiVLPro
          cfg: TrainConfig, out_dir: Path, extra: dict[str, Any]) -> Path:
     t0 = time.perf_counter()
     baseline = unigram_entropy(data)
-    last = Trainer(model, data, cfg, out_dir, val_data=val_data, desc=stage).train()
+    trainer = Trainer(model, data, cfg, out_dir, val_data=val_data, desc=stage)
+    last = trainer.train()
+    if not trainer.accelerator.is_main_process:
+        return out_dir
+    model = trainer.accelerator.unwrap_model(trainer.model)
     metrics = read_metrics(out_dir / "metrics.jsonl")
     plot_metrics(metrics, out_dir / "plots", title=stage, baseline=baseline)
     model.save_pretrained(out_dir)
@@ -96,9 +101,10 @@ def _processor_for(out_dir: Path, preset: Preset, seed: int) -> KimiVLProcessor:
     """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer."""
     if (out_dir / "tokenizer.json").is_file():
         return KimiVLProcessor.from_pretrained(out_dir)
-    processor = build_processor(preset, seed)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    processor.save_pretrained(out_dir)
+    processor = build_processor(preset, seed)  # deterministic: every rank builds the same one
+    if int(os.environ.get("RANK", "0")) == 0:  # before the process group exists, the launcher's rank
+        out_dir.mkdir(parents=True, exist_ok=True)
+        processor.save_pretrained(out_dir)
     return processor
 
 

@@ -1,0 +1,62 @@
+"""Video-to-website quality of a trained model on held-out generated screencasts.
+
+For each of `--n` screencasts (seeds disjoint from every training seed) the demo generates `site.html` from the
+video, renders it in headless Chromium and scores it against the frames (`kimi_vl.demos.similarity`). Anchors on the
+same frames: a blank white page (the floor) and the screencast's true HTML rendered the same way (the ceiling).
+Prints the mean scores and the model's margin over the blank page.
+
+    python bench/video2web.py --model runs/quickstart/model [--n 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import statistics
+import tempfile
+from pathlib import Path
+
+import numpy as np
+from PIL import Image
+
+from kimi_vl.demos.similarity import page_similarity
+from kimi_vl.demos.video2web import load_model, render_and_score, run_video2web
+from kimi_vl.quickstart import DEMO_SEED
+from kimi_vl.training.data.screencast import make_screencast, write_video
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--n", type=int, default=10)
+    args = ap.parse_args()
+    model, processor = load_model(args.model)
+    model_scores, blank_scores, true_scores = [], [], []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(args.n):
+            work = Path(tmp) / str(i)
+            work.mkdir()
+            cast = make_screencast(random.Random(DEMO_SEED + 1 + i))
+            video = write_video(cast.frames, work / "cast.mp4", cast.fps)
+            result = run_video2web(video, args.model, work / "model", render=True, max_new_tokens=256, model=model,
+                                   processor=processor)
+            frames = np.stack([np.asarray(f) for f in cast.frames])
+            w, h = cast.frames[0].size
+            (work / "true.html").write_text(cast.html)
+            (work / "true").mkdir()
+            true_score = render_and_score(work / "true.html", frames, work / "true")[3]["score"]
+            blank = page_similarity(list(frames), Image.new("RGB", (w, 8 * h), "white")).score
+            model_scores.append(result.score["score"])
+            blank_scores.append(blank)
+            true_scores.append(true_score)
+            print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
+                  f"(stop: {result.stop})", flush=True)
+    m, b, t = (statistics.fmean(x) for x in (model_scores, blank_scores, true_scores))
+    wins = sum(a > c for a, c in zip(model_scores, blank_scores))
+    print(f"mean similarity over {args.n} held-out screencasts: model {m:.3f}, blank white page {b:.3f}, "
+          f"true HTML {t:.3f}; model - blank = {m - b:+.3f} (model ahead on {wins}/{args.n}); "
+          f"fraction of the blank-to-true gap closed: {(m - b) / (t - b):.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,48 @@
+"""The Vision-RL ablation: confidence intervals, and the command end to end on the tiny preset (slow)."""
+
+import json
+import math
+import statistics
+
+import pytest
+
+from kimi_vl.cli import main
+from kimi_vl.errors import ConfigError
+from kimi_vl.eval.ablation import ablation_markdown, mean_ci, t95
+
+
+def test_mean_ci_uses_student_t():
+    values = [0.1, 0.3, 0.2, 0.4]
+    m, half = mean_ci(values)
+    assert m == pytest.approx(0.25)
+    assert half == pytest.approx(3.182 * statistics.stdev(values) / 2)
+    assert math.isnan(mean_ci([0.5])[1])
+    assert t95(1) == 12.706 and t95(12) == 2.228 and t95(100) == 1.96
+    with pytest.raises(ConfigError):
+        t95(0)
+
+
+def test_markdown_labels_proxies_and_states_sizes():
+    result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 5, "rl_prompts_per_step": 8, "rl_k": 4,
+              "seeds": 2, "proxies": True, "limit": 10,
+              "summary": {"mmlu_pro_synth": {"text": (0.2, 0.1), "text+vision": (0.3, 0.05), "delta": (0.1, 0.2)}}}
+    md = ablation_markdown(result)
+    assert "| mmlu_pro_synth (synthetic proxy) | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
+    assert "preset `tiny`" in md and "5 steps of 8 prompts x 4 responses" in md and "not MMLU-Pro" in md
+
+
+@pytest.mark.slow
+def test_ablation_command_end_to_end(tmp_path):
+    from kimi_vl.training.stages import pretrain, sft
+
+    pre = pretrain(tmp_path / "pre", steps=2, progress=False, val_batches=1)
+    sft_dir = sft(pre, tmp_path / "sft", steps=2, progress=False, val_batches=1)
+    out = tmp_path / "ablation"
+    assert main(["ablate", "vision-rl", "--from", str(sft_dir), "--out", str(out), "--seeds", "2", "--steps", "1",
+                 "--limit", "3"]) == 0
+    result = json.loads((out / "ablation.json").read_text())
+    assert result["tasks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
+    for arm in ("text", "text+vision"):
+        assert all(len(v) == 2 for v in result["scores"][arm].values())
+    assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"
+    assert "Vision-RL ablation" in (out / "ablation.md").read_text()

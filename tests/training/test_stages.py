@@ -1,0 +1,77 @@
+"""The training stages end to end on the tiny preset with a few steps: checkpoint directories that load, summaries,
+skipping finished stages, the RL stage's resume, and the CLI."""
+
+import json
+
+import pytest
+import torch
+from transformers import AutoModelForImageTextToText
+
+import kimi_vl  # noqa: F401  (registers the Auto classes)
+from kimi_vl.cli import main
+from kimi_vl.errors import CheckpointError, ConfigError
+from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary, rl, rl_tasks, sft
+from kimi_vl.training.trainer import read_metrics
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("stages") / "pretrain"
+    pretrain(out, steps=3, progress=False, val_batches=1)
+    return out
+
+
+def test_pretrain_writes_a_loadable_checkpoint(pretrained):
+    summary = read_summary(pretrained)
+    assert summary["complete"] and summary["steps"] == 3 and summary["preset"] == "tiny"
+    assert summary["unigram_baseline"] > 3 and summary["tokens"] == 3 * 4 * 256
+    model = AutoModelForImageTextToText.from_pretrained(pretrained)
+    assert type(model).__name__ == "KimiVLForConditionalGeneration"
+    assert model.config.text_config.hidden_size == 96
+    assert (pretrained / "tokenizer.json").is_file() and (pretrained / "plots" / "loss.png").is_file()
+    metrics = read_metrics(pretrained / "metrics.jsonl")
+    assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["vision_tokens"] > 0 for m in metrics)
+    mtime = (pretrained / "model.safetensors").stat().st_mtime
+    pretrain(pretrained, steps=3, progress=False)  # finished: not rerun
+    assert (pretrained / "model.safetensors").stat().st_mtime == mtime
+
+
+def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
+    sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
+    assert read_summary(sft_dir)["from"] == str(pretrained)
+    full = rl(sft_dir, tmp_path / "rl_full", steps=2, progress=False, checkpoint_every=1, prompts_per_step=4, k=2,
+              max_new_tokens=6)
+    reference = read_metrics(full / "metrics.jsonl")
+    assert set(reference[0]) >= {"reward_mean", "response_length", "masked_fraction", "entropy"}
+    assert any(k.startswith("reward/") for k in reference[0])
+    assert (full / "plots" / "rewards.png").is_file()
+
+    cut = tmp_path / "rl_cut"
+    rl(sft_dir, cut, steps=1, progress=False, checkpoint_every=1, prompts_per_step=4, k=2, max_new_tokens=6)
+    (cut / "training_summary.json").unlink()  # as if killed after the step-1 checkpoint
+    rl(sft_dir, cut, steps=2, progress=False, checkpoint_every=1, prompts_per_step=4, k=2, max_new_tokens=6)
+    resumed = read_metrics(cut / "metrics.jsonl")
+    assert [m["step"] for m in resumed] == [1, 2]
+    assert resumed[1]["loss"] == reference[1]["loss"] and resumed[1]["reward_mean"] == reference[1]["reward_mean"]
+    a, _ = load_checkpoint_dir(full)
+    b, _ = load_checkpoint_dir(cut)
+    for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(p, q), name
+
+
+def test_stage_errors(tmp_path):
+    with pytest.raises(CheckpointError, match="no config.json"):
+        sft(tmp_path / "missing", tmp_path / "out", steps=1, progress=False)
+    with pytest.raises(ConfigError, match="unknown RL task families"):
+        rl_tasks(("audio",))
+    with pytest.raises(ConfigError, match="unknown preset"):
+        pretrain(tmp_path / "p", preset="huge", progress=False)
+
+
+def test_cli_train_rl(pretrained, tmp_path, capsys):
+    assert main(["train", "rl", "--from", str(pretrained), "--out", str(tmp_path / "rl"), "--steps", "1",
+                 "--tasks", "text"]) == 0
+    assert "wrote" in capsys.readouterr().out
+    summary = json.loads((tmp_path / "rl" / "training_summary.json").read_text())
+    assert summary["tasks"] == ["text"] and summary["steps"] == 1
+    assert main(["train", "rl", "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
