@@ -194,6 +194,10 @@ class Trainer:
             total += loss.detach().float().item() / cfg.grad_accum
             tokens += batch.num_tokens
             vision_tokens += batch.num_vision_tokens
+        if world > 1:  # log the global batch: mean loss, summed token counts
+            stats = torch.tensor([total, tokens, vision_tokens], dtype=torch.float64, device=acc.device)
+            torch.distributed.all_reduce(stats)
+            total, tokens, vision_tokens = stats[0].item() / world, int(stats[1]), int(stats[2])
         return total, tokens, vision_tokens
 
     def _grad_norm(self) -> float:
