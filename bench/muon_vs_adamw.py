@@ -1,7 +1,7 @@
 """Token efficiency of MuonClip against AdamW on the tiny LM and the embedded text corpus.
 
-1. A small learning-rate sweep per optimizer (seed 0, `steps` steps, WSD schedule); the best final validation loss
-   picks each optimizer's learning rate.
+1. A small learning-rate sweep per optimizer (seed 0, `steps` steps, WSD schedule), extended by factors of 3 while
+   the best learning rate sits at an edge of the grid; the best final validation loss picks each optimizer's rate.
 2. For each of `--seeds` seeds: MuonClip trains `steps` steps and reaches validation loss L. AdamW is then trained
    with growing budgets (1, 1.25, 1.5, 2, 3, 4 x `steps`, each a complete WSD run, so neither optimizer is judged
    mid-schedule) until one ends at or below L; the tokens AdamW needs are interpolated in log-tokens between the
@@ -29,7 +29,7 @@ from kimi_vl.training.stages import build_processor
 from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics
 
 OUT = Path(__file__).parent / "out"
-LRS = {"muonclip": (3e-3, 1e-2, 3e-2), "adamw": (1e-3, 3e-3, 1e-2)}
+LRS = {"muonclip": (3e-3, 1e-2, 3e-2), "adamw": (3e-3, 1e-2, 3e-2)}
 BUDGETS = (1.0, 1.25, 1.5, 2.0, 3.0, 4.0)
 
 
@@ -84,9 +84,14 @@ def main() -> None:
     best = {}
     for opt, lrs in LRS.items():
         losses = {}
-        for lr in lrs:
-            losses[lr] = final_val(run(opt, lr, args.steps, 0, data, val, vocab))
-            print(f"sweep {opt} lr={lr:g}: val {losses[lr]:.4f}", flush=True)
+        grid = list(lrs)
+        while grid:  # sweep; extend by 3x past an edge until the best learning rate is inside the grid
+            for lr in grid:
+                losses[lr] = final_val(run(opt, lr, args.steps, 0, data, val, vocab))
+                print(f"sweep {opt} lr={lr:g}: val {losses[lr]:.4f}", flush=True)
+            tried = sorted(losses)
+            top = min(losses, key=losses.get)
+            grid = [top * 3] if top == tried[-1] else [top / 3] if top == tried[0] else []
         best[opt] = min(losses, key=losses.get)
     print(f"chosen: muonclip lr={best['muonclip']:g}, adamw lr={best['adamw']:g}")
 

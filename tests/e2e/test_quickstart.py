@@ -1,6 +1,7 @@
 """`kimi-vl quickstart` with a reduced step count: every artefact exists and loads, and a rerun resumes."""
 
 import json
+import re
 
 import pytest
 from PIL import Image
@@ -20,7 +21,7 @@ def test_quickstart_smoke(tmp_path):
     model = AutoModelForImageTextToText.from_pretrained(out / "model")
     processor = AutoProcessor.from_pretrained(out / "model")
     assert type(model).__name__ == "KimiVLForConditionalGeneration" and type(processor).__name__ == "KimiVLProcessor"
-    images = [line.split("(")[1].rstrip(")") for line in report.splitlines() if line.startswith("![")]
+    images = [re.search(r"\]\((.+)\)$", line).group(1) for line in report.splitlines() if line.startswith("![")]
     assert len(images) >= 5
     for rel in images:
         with Image.open(out / rel) as im:
