@@ -218,6 +218,13 @@ class KimiTextModel(KimiTextPreTrainedModel):
         n_mla = cfg.layer_types.count("mla")
         return n_kda * kda_fixed / num_tokens + n_mla * mla_per_token
 
+    def reset_expert_loads(self) -> None:
+        """Zero every router's expert-load counter. Training entry points call this: `expert_load` is a
+        non-persistent buffer, which `from_pretrained` materialises without initialising."""
+        for module in self.modules():
+            if isinstance(module, TopKRouter):
+                module.expert_load.zero_()
+
     def update_router_biases(self, rate: float = 1e-3) -> None:
         """Aux-loss-free MoE balancing step for every MoE layer (call once per optimizer step)."""
         for module in self.modules():

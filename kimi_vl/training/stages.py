@@ -172,6 +172,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, tasks: tuple[str, ...] | li
     cfg = RLConfig.from_dict(settings)
     task_list = rl_tasks(tasks)
     model, processor = load_checkpoint_dir(from_dir)
+    model.language_model.model.reset_expert_loads()
     optimizer = MuonClip(model, lr, weight_decay=0.0)
     state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -126,6 +126,8 @@ class Trainer:
         self.raw_model = self.accelerator.unwrap_model(self.model)
         self.inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # unwrapped from accelerate
         self.routers = {n: m for n, m in self.raw_model.named_modules() if isinstance(m, TopKRouter)}
+        for router in self.routers.values():  # non-persistent: uninitialised memory after from_pretrained
+            router.expert_load.zero_()
         self.state_dir = self.out_dir / "state"
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.step = 0

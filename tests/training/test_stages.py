@@ -59,6 +59,24 @@ def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
         assert torch.equal(p, q), name
 
 
+def test_training_starts_from_zero_expert_loads(pretrained, tmp_path):
+    """`expert_load` is a non-persistent buffer: from_pretrained leaves it uninitialised, so training entry points
+    zero it (else the first router-bias update follows garbage counts)."""
+    from kimi_vl.text.moe import TopKRouter
+    from kimi_vl.training.trainer import TrainConfig, Trainer
+
+    model, _ = load_checkpoint_dir(pretrained)
+    routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
+    for r in routers:
+        r.expert_load.fill_(1e30)  # what uninitialised memory may hold
+    Trainer(model, None, TrainConfig(steps=1, progress=False), tmp_path)
+    assert all(bool((r.expert_load == 0).all()) for r in routers)
+    for r in routers:
+        r.expert_load.fill_(1e30)
+    model.language_model.model.reset_expert_loads()
+    assert all(bool((r.expert_load == 0).all()) for r in routers)
+
+
 def test_stage_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no config.json"):
         sft(tmp_path / "missing", tmp_path / "out", steps=1, progress=False)
