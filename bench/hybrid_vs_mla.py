@@ -16,11 +16,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import tiny_text_corpus
 
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
-from kimi_vl.training.data.packing import pretrain_stream
 from kimi_vl.training.presets import get_preset
-from kimi_vl.training.stages import build_processor
 from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics
 
 
@@ -30,19 +29,14 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=2)
     args = ap.parse_args()
     preset = get_preset("tiny")
-    proc = build_processor(preset)
-    tok = proc.tokenizer
-    stream = dict(seq_len=preset.seq_len, rows=preset.rows, vision_ratio=0.0)
-    data, val = pretrain_stream(proc, seed=0, **stream), pretrain_stream(proc, seed=10**6, **stream)
+    ids, data, val = tiny_text_corpus()
     n = preset.text["num_hidden_layers"]
     layouts = {"hybrid 3:1": None, "all-MLA": ["mla"] * n}
     losses: dict[str, list[float]] = {name: [] for name in layouts}
     for seed in range(args.seeds):
         for name, layer_types in layouts.items():
             torch.manual_seed(seed)
-            model = KimiTextForCausalLM(KimiTextConfig(
-                vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                eos_token_id=tok.eos_token_id, layer_types=layer_types, **preset.text))
+            model = KimiTextForCausalLM(KimiTextConfig(**ids, layer_types=layer_types, **preset.text))
             cfg = TrainConfig(steps=args.steps, lr=preset.pretrain["lr"], warmup_steps=20, val_batches=8,
                               checkpoint_every=10**9, progress=False)
             with tempfile.TemporaryDirectory() as tmp:

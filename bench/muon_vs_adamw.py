@@ -21,11 +21,10 @@ import tempfile
 from pathlib import Path
 
 import torch
+from common import tiny_text_corpus
 
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
-from kimi_vl.training.data.packing import pretrain_stream
 from kimi_vl.training.presets import get_preset
-from kimi_vl.training.stages import build_processor
 from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics
 
 OUT = Path(__file__).parent / "out"
@@ -72,14 +71,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=150)
     ap.add_argument("--seeds", type=int, default=3)
     args = ap.parse_args()
-    preset = get_preset("tiny")
-    proc = build_processor(preset)
-    tok = proc.tokenizer
-    vocab = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
-                 eos_token_id=tok.eos_token_id)
-    stream = dict(seq_len=preset.seq_len, rows=preset.rows, vision_ratio=0.0)
-    data = pretrain_stream(proc, seed=0, **stream)
-    val = pretrain_stream(proc, seed=10**6, **stream)
+    vocab, data, val = tiny_text_corpus()
 
     best = {}
     for opt, lrs in LRS.items():

@@ -37,6 +37,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from ..edit_distance import levenshtein
 from ..errors import ConfigError, InvalidMediaError
 from .data import DataUnavailableError, load_hub_dataset, load_local_split
 
@@ -286,19 +287,6 @@ def extract_answer(
 
 
 # ------------------------------------------------------------------------------------------------------- scoring
-def levenshtein(a: str, b: str) -> int:
-    """Edit distance (insertions, deletions, substitutions of one character each)."""
-    if len(a) < len(b):
-        a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, ca in enumerate(a, 1):
-        current = [i]
-        for j, cb in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ca != cb)))
-        previous = current
-    return previous[-1]
-
-
 def most_similar_choice(prediction: str, choices: list) -> Any:
     """The choice with the smallest Levenshtein distance to `prediction` (the first one on ties)."""
     distances = [levenshtein(prediction, str(c)) for c in choices]

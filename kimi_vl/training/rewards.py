@@ -34,6 +34,7 @@ from difflib import SequenceMatcher
 from html.parser import HTMLParser
 from typing import Any
 
+from ..edit_distance import levenshtein
 from ..errors import ConfigError
 
 REWARD_KINDS: tuple[str, ...] = ("choice", "number", "count", "ocr", "grounding", "html")
@@ -190,19 +191,6 @@ def count_reward(response: str, answer: str | float) -> float:
 def normalise_text(text: str) -> str:
     """OCR normalisation: Unicode case folding, every run of whitespace replaced by one space, ends stripped."""
     return " ".join(text.casefold().split())
-
-
-def levenshtein(a: Sequence[Any], b: Sequence[Any]) -> int:
-    """Edit distance (insertions, deletions, substitutions, each cost 1) between two sequences."""
-    if len(a) < len(b):
-        a, b = b, a
-    previous = list(range(len(b) + 1))
-    for i, x in enumerate(a, 1):
-        current = [i]
-        for j, y in enumerate(b, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (x != y)))
-        previous = current
-    return previous[-1]
 
 
 def ocr_reward(response: str, answer: str) -> float:
