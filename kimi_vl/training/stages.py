@@ -34,7 +34,7 @@ from .muonclip import MuonClip
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
 from .rl import RLConfig, rl_iteration
-from .trainer import TrainConfig, Trainer, read_metrics, unigram_entropy
+from .trainer import TrainConfig, Trainer, read_metrics, rewind_metrics, unigram_entropy
 
 SUMMARY = "training_summary.json"
 VAL_SEED_OFFSET = 1_000_003  # validation batches come from a disjoint seed
@@ -179,10 +179,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, tasks: tuple[str, ...] | li
     step, t0 = 0, time.perf_counter()
     if (last := latest_checkpoint(state_dir)) is not None:
         step = load_checkpoint(last, model=model, optimizer=optimizer)["step"]
-        kept = [line for line in metrics_path.read_text().splitlines() if json.loads(line)["step"] <= step]
-        metrics_path.write_text("".join(line + "\n" for line in kept))
-    elif metrics_path.exists():
-        metrics_path.unlink()
+    rewind_metrics(metrics_path, step)
     bar = tqdm(total=total, initial=step, desc=f"rl ({'+'.join(tasks)})", disable=not progress, dynamic_ncols=True)
     while step < total:
         samples = make_samples(task_list, prompts, seed=seed * 1_000_003 + step)

@@ -270,16 +270,25 @@ class Trainer:
     def _resume(self) -> None:
         path = latest_checkpoint(self.state_dir)
         if path is None:
-            if self.accelerator.is_main_process and self.metrics_path.exists():
-                self.metrics_path.unlink()  # a fresh run: no stale curve from an earlier attempt
+            if self.accelerator.is_main_process:
+                rewind_metrics(self.metrics_path, 0)  # a fresh run: no stale curve from an earlier attempt
             return
         state = load_checkpoint(path, model=self.raw_model, optimizer=self.optimizer)
         self.step, self.tokens = state["step"], state["tokens"]
         self.skipped, self.nonfinite_in_a_row = state["skipped"], state["nonfinite_in_a_row"]
-        if self.accelerator.is_main_process and self.metrics_path.exists():
-            kept = [line for line in self.metrics_path.read_text().splitlines()
-                    if line and json.loads(line)["step"] <= self.step]
-            self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        if self.accelerator.is_main_process:
+            rewind_metrics(self.metrics_path, self.step)
+
+
+def rewind_metrics(path: Path, step: int) -> None:
+    """Drop the lines of a JSONL metrics file after `step` (a resumed run rewrites them; step 0 removes the file)."""
+    if not path.exists():
+        return
+    if step == 0:
+        path.unlink()
+        return
+    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+    path.write_text("".join(line + "\n" for line in kept))
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
