@@ -3,7 +3,7 @@
 Times, on the same inputs (default B=1, T=8192, H=16, D=128, bf16, ``use_qk_l2norm=True``, initial state):
 
 * prefill forward and forward+backward (loss ``(o * do).sum() + (ht * dht).sum()``):
-  ``kimi_vl`` Triton ``chunk_kda`` (note: its backward currently recomputes through the torch path),
+  ``kimi_vl`` Triton ``chunk_kda`` (Triton forward and backward kernels),
   ``kimi_vl`` torch ``chunk_kda_torch``, transformers' ``chunk_kimi_delta_attention`` and fla's
   ``chunk_kda`` (when ``fla`` is installed);
 * decode, one token for ``--decode-batch`` sequences from a state: ``kimi_vl`` Triton

@@ -400,7 +400,7 @@ def chunk_kda(
     cu_seqlens ``[N+1]`` offsets of packed sequences (B must be 1).
     Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] fp32 (fp64 for fp64 input) or None)``.
     Dispatches (see the module docstring) to the naive reference, :func:`chunk_kda_torch` or the Triton
-    kernels (Triton forward; its backward is recomputed through :func:`chunk_kda_torch`).
+    kernels (forward and backward).
     """
     kw = dict(scale=scale, initial_state=initial_state, output_final_state=output_final_state,
               use_qk_l2norm=use_qk_l2norm, cu_seqlens=cu_seqlens)

@@ -208,6 +208,19 @@ def case_bf16(device):
         assert ((ht - ref_ht).norm() / ref_ht.norm()).item() < 1e-2
 
 
+def case_bf16_grads(device):
+    """bf16 inputs: the Triton backward (fp32 accumulation) against the torch path on the same bf16 inputs."""
+    inputs = _inputs(device, 100, 32, dtype=torch.bfloat16)
+    inputs[5] = inputs[5].float()
+    kw = dict(use_qk_l2norm=True, cu_seqlens=None)
+    ref = run(kda_mod.chunk_kda_torch, inputs, **kw)
+    out = _triton_env(lambda: run(kda_mod.chunk_kda, inputs, **kw))
+    for name in NAMES:
+        assert out[name].dtype == ref[name].dtype, name
+        a, b = out[name].float(), ref[name].float()
+        assert ((a - b).norm() / b.norm()).item() < 1e-2, name
+
+
 def case_tiny_model(device):
     """Forward + backward of a tiny KimiTextForCausalLM: triton dispatch equals the torch path."""
     from tests.text.test_model import tiny_model
@@ -271,6 +284,10 @@ def test_chunk_odd_head_dims():
 
 def test_bf16_inputs():
     _run_case("case_bf16")
+
+
+def test_bf16_gradients():
+    _run_case("case_bf16_grads")
 
 
 def test_dispatch_uses_triton_when_forced():
