@@ -127,7 +127,7 @@ def main() -> int:
     do = torch.randn(tensors[0].shape[:3] + (args.D,), generator=gen, device="cuda").to(dtype)
     dht = torch.randn(tensors[5].shape, generator=gen, device="cuda")
     results: dict[str, dict[str, float]] = {}
-    ref_o = None
+    ref_o = ref_grads = None
     for name, (chunk, _) in impls.items():
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
 
@@ -143,8 +143,15 @@ def main() -> int:
 
         try:
             o, _ = fwd()
-            diff = "" if ref_o is None else f"  max|o - o_triton| {(o.float() - ref_o).abs().max().item():.2e}"
-            ref_o = o.float() if ref_o is None else ref_o
+            fwd_bwd()
+            grads = [t.grad.float() for t in leaves]
+            diff = ""
+            if ref_o is not None:  # agreement with ours: output, and the worst relative gradient error
+                worst = max(((a - b).norm() / b.norm().clamp_min(1e-30)).item()
+                            for a, b in zip(grads, ref_grads, strict=True))
+                diff = f"  max|o - o_triton| {(o.float() - ref_o).abs().max().item():.2e}, grads rel {worst:.1e}"
+            else:
+                ref_o, ref_grads = o.float(), grads
             results[name] = dict(fwd=_time_cuda(fwd, args.repeats), fwd_bwd=_time_cuda(fwd_bwd, args.repeats))
             print(f"{name:24s} fwd {results[name]['fwd'] * 1e3:9.3f} ms   fwd+bwd "
                   f"{results[name]['fwd_bwd'] * 1e3:9.3f} ms{diff}")
