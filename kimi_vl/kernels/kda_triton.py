@@ -81,6 +81,34 @@ def _offsets_tensor(offsets: list[int] | None, B: int, T: int, device: torch.dev
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
+@triton.jit
+def _state_tile(cu, state, H, K, V, HAS_STATE: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr):
+    """Prologue of the per-(sequence, head, V block) kernels: ``(i_n, i_h, bos, eos, rk, rv, mk, mv, m_s, s_off,
+    S)`` with the sequence's token range, the ``[BK, BV]`` slice's masks and offsets in a ``[N, H, K, V]`` state,
+    and the slice in fp32 (loaded from ``state`` when ``HAS_STATE``, else zeros)."""
+    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+    bos = tl.load(cu + i_n).to(tl.int64)
+    eos = tl.load(cu + i_n + 1).to(tl.int64)
+    rk = tl.arange(0, BK)
+    rv = i_v * BV + tl.arange(0, BV)
+    mk, mv = rk < K, rv < V
+    m_s = mk[:, None] & mv[None, :]
+    s_off = ((i_n * H + i_h) * K + rk[:, None]).to(tl.int64) * V + rv[None, :]
+    S = tl.zeros([BK, BV], dtype=tl.float32)
+    if HAS_STATE:
+        S += tl.load(state + s_off, mask=m_s, other=0.0).to(tl.float32)
+    return i_n, i_h, bos, eos, rk, rv, mk, mv, m_s, s_off, S
+
+
+@triton.jit
+def _chunk_rows(chunks):
+    """Prologue of the per-(chunk, head) kernels: ``(i_c, i_h, bos, eos)``, the chunk's token range."""
+    i_c, i_h = tl.program_id(0), tl.program_id(1)
+    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
+    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    return i_c, i_h, bos, eos
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Recurrent (decode) kernel
 # ----------------------------------------------------------------------------------------------------------
@@ -93,17 +121,7 @@ def _recurrent_fwd_kernel(
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, L2: tl.constexpr, EPS: tl.constexpr,
     BK: tl.constexpr, BV: tl.constexpr,
 ):
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu + i_n).to(tl.int64)
-    eos = tl.load(cu + i_n + 1).to(tl.int64)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_s = mk[:, None] & mv[None, :]
-    s_off = ((i_n * H + i_h) * K + rk[:, None]).to(tl.int64) * V + rv[None, :]
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        S += tl.load(h0 + s_off, mask=m_s, other=0.0).to(tl.float32)
+    i_n, i_h, bos, eos, rk, rv, mk, mv, m_s, s_off, S = _state_tile(cu, h0, H, K, V, HAS_H0, BK, BV)
     for t in range(bos, eos):
         k_off = (t * H + i_h) * K + rk
         b_q = tl.load(q + k_off, mask=mk, other=0.0).to(tl.float32)
@@ -172,9 +190,7 @@ def _chunk_prep_kernel(
     H, K,
     L2: tl.constexpr, EPS: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     rt = bos + tl.arange(0, BT)
     rk = tl.arange(0, BK)
     m = (rt < eos)[:, None] & (rk < K)[None, :]
@@ -196,9 +212,7 @@ def _chunk_intra_kernel(
     H, K,
     BT: tl.constexpr, BC: tl.constexpr, BK: tl.constexpr, BKD: tl.constexpr, PREC: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     rc = tl.arange(0, BC)
     rk = tl.arange(0, BK)
     mk = rk < K
@@ -258,9 +272,7 @@ def _chunk_ut_kernel(
     H, K, V,
     STORE_M: tl.constexpr, BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     r = tl.arange(0, BT)
     rt = bos + r
     mt = rt < eos
@@ -296,18 +308,8 @@ def _chunk_state_kernel(
     HAS_H0: tl.constexpr, STORE_HT: tl.constexpr, STORE_H: tl.constexpr,
     BT: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, PREC: tl.constexpr,
 ):
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu + i_n).to(tl.int64)
-    eos = tl.load(cu + i_n + 1).to(tl.int64)
+    i_n, i_h, bos, eos, rk, rv, mk, mv, m_s, s_off, S = _state_tile(cu, h0, H, K, V, HAS_H0, BK, BV)
     r = tl.arange(0, BT)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_s = mk[:, None] & mv[None, :]
-    s_off = ((i_n * H + i_h) * K + rk[:, None]).to(tl.int64) * V + rv[None, :]
-    S = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_H0:
-        S += tl.load(h0 + s_off, mask=m_s, other=0.0).to(tl.float32)
     causal = r[:, None] >= r[None, :]
     for cs in range(bos, eos, BT):
         rt = cs + r
@@ -351,19 +353,9 @@ def _chunk_bwd_state_kernel(
 ):
     """Reverse pass over one sequence's chunks: the gradient of every chunk's end state (``dh``), ``dv_new``
     and the initial state's gradient. V columns of the state are independent, so V is split across programs."""
-    i_n, i_h, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
-    bos = tl.load(cu + i_n).to(tl.int64)
-    eos = tl.load(cu + i_n + 1).to(tl.int64)
+    i_n, i_h, bos, eos, rk, rv, mk, mv, m_s, s_off, dS = _state_tile(cu, dht, H, K, V, HAS_DHT, BK, BV)
     first = tl.load(chunk_first + i_n).to(tl.int64)
     r = tl.arange(0, BT)
-    rk = tl.arange(0, BK)
-    rv = i_v * BV + tl.arange(0, BV)
-    mk, mv = rk < K, rv < V
-    m_s = mk[:, None] & mv[None, :]
-    s_off = ((i_n * H + i_h) * K + rk[:, None]).to(tl.int64) * V + rv[None, :]
-    dS = tl.zeros([BK, BV], dtype=tl.float32)
-    if HAS_DHT:
-        dS += tl.load(dht + s_off, mask=m_s, other=0.0).to(tl.float32)
     upper = r[:, None] <= r[None, :]  # A_qk^T is upper triangular
     n_chunks = (eos - bos + BT - 1) // BT
     for c_rev in range(0, n_chunks):
@@ -402,9 +394,7 @@ def _chunk_bwd_inter_kernel(
     """Per (chunk, head), from the chunk's start state S and end-state gradient dS': the gradients of
     ``Q exp(G)``, ``W``, ``K exp(G_last - G)``, ``exp(G_last)`` and ``A_qk`` (all contract over V), turned into
     partial dq, dk, dG (of the cumulative gate) and dG_last."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     r = tl.arange(0, BT)
     rt = bos + r
     mt = rt < eos
@@ -459,9 +449,7 @@ def _chunk_bwd_ut_kernel(
     """Per (chunk, head): back through ``W = M diag(beta) exp(G) K`` and ``U = M diag(beta) V`` with
     ``M = (I + tril(diag(beta) A_kk, -1))^-1`` (so ``dL = -M^T dM M^T``): final dv and dbeta, dA_kk, and the
     W terms added to the partial dk and dG."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     r = tl.arange(0, BT)
     rt = bos + r
     mt = rt < eos
@@ -506,9 +494,7 @@ def _chunk_bwd_intra_kernel(
     from k_i in ``A_kk[i, j]``) and the column-side dk (``xkc``, from k_j); the gate gradient follows from
     them in the final kernel as ``q xq + k xkr - k xkc``. Same decay split as the forward: matmuls with the
     factors ``e^{G_i - G_n}``, ``e^{G_n - G_j}`` below the block diagonal, one token at a time inside it."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     rc = tl.arange(0, BC)
     rk = tl.arange(0, BK)
     mk = rk < K
@@ -597,9 +583,7 @@ def _chunk_bwd_final_kernel(
 ):
     """Per (chunk, head): sum the partial gradients, turn dG (cumulative gate) into dg by a reverse in-chunk
     cumsum (G_last's gradient lands on the last token), and back through the scale and the q/k L2 norm."""
-    i_c, i_h = tl.program_id(0), tl.program_id(1)
-    bos = tl.load(chunks + 2 * i_c).to(tl.int64)
-    eos = tl.load(chunks + 2 * i_c + 1).to(tl.int64)
+    i_c, i_h, bos, eos = _chunk_rows(chunks)
     rt = bos + tl.arange(0, BT)
     rk = tl.arange(0, BK)
     m = (rt < eos)[:, None] & (rk < K)[None, :]
