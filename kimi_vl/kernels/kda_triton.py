@@ -629,7 +629,7 @@ def _chunk_table(cu_list: list[int], device: torch.device) -> tuple[torch.Tensor
     return table, torch.tensor(first, dtype=torch.int32, device=device)
 
 
-def _chunk_forward(
+def chunk_kda_fwd(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
@@ -684,22 +684,6 @@ def _chunk_forward(
     return out
 
 
-def chunk_kda_fwd(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    scale: float,
-    initial_state: torch.Tensor | None,
-    use_qk_l2norm: bool,
-    offsets: list[int] | None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Triton chunked forward; returns ``(o [B, T, H, V] in q's dtype, final state [N, H, K, V] fp32)``."""
-    out = _chunk_forward(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, offsets)
-    return out["o"], out["ht"]
-
-
 def chunk_kda_bwd(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -718,7 +702,7 @@ def chunk_kda_bwd(
     B, T, H, K = q.shape
     V = v.shape[-1]
     dev = q.device
-    fw = _chunk_forward(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, offsets, for_backward=True)
+    fw = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, offsets, for_backward=True)
     N, NC, NT = fw["cu"].numel() - 1, fw["chunks"].shape[0], B * T
     q, k, v, beta, do = (x.contiguous() for x in (q, k, v, beta, do))
     f32 = dict(dtype=torch.float32, device=dev)
@@ -764,7 +748,8 @@ class ChunkKDAFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, g, beta, initial_state, scale, use_qk_l2norm, offsets):
-        o, ht = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, offsets)
+        out = chunk_kda_fwd(q, k, v, g, beta, scale, initial_state, use_qk_l2norm, offsets)
+        o, ht = out["o"], out["ht"]
         ctx.save_for_backward(q, k, v, g, beta, initial_state)
         ctx.scale, ctx.use_qk_l2norm, ctx.offsets = scale, use_qk_l2norm, offsets
         return o, ht
