@@ -6,8 +6,8 @@ continues from the last finished stage, and inside a training stage from its las
 1. `pretrain/`  tokenizer + joint text-vision pre-training (AttnRes, MuonClip, constant vision ratio)
 2. `sft/`       zero-vision SFT (text-only chats)
 3. `rl/`        joint text-vision RL (K2.5 objective, verifiable rewards)
-4. `eval/`      MMLU-Pro and MathVista (real data with `data_dir`, else the synthetic proxies, labelled) for the SFT
-                and RL models
+4. `eval/`      MMLU-Pro and MathVista (real data with `data_dir`, else the synthetic proxies, labelled) for the
+                pre-trained, SFT and RL models
 5. `demo/`      video-to-website on a held-out generated screencast (rendered and scored when Chromium is there)
 6. `model/`     the final Hugging Face checkpoint, and `REPORT.md` with tables and plots
 """
@@ -41,21 +41,27 @@ def _scaled(n: int, scale: float) -> int:
     return max(2, round(n * scale))
 
 
+EVAL_STAGES = ("pretrain", "sft", "rl")
+PROXY_EVAL_OPTIONS = {"num_shots": 0, "mmlu_pro_format": "chat", "max_new_tokens": 96}
+"""Proxy settings: zero-shot chat prompts (five worked examples do not fit the tiny model's 256-token context) and
+96 new tokens (the longest target reply, a five-bar chart's multiple choice, is about 60 tokens)."""
+
+
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
-    """Evaluate the SFT and RL checkpoints; proxies use zero-shot chat prompts (the tiny model's context is 256
-    tokens), real benchmarks their official settings."""
+    """Evaluate the pre-trained, SFT and RL checkpoints (the same prompts for all three: the pre-trained model has
+    seen chats only with images, so its text scores show what SFT adds); proxies use `PROXY_EVAL_OPTIONS`, real
+    benchmarks their official settings."""
     from .eval.runner import evaluate
 
     marker = out / "eval" / "done.json"
     if (done := _done(marker)) is not None:
         return done
     if data_dir is None:
-        tasks, options = ["mmlu_pro_synth", "mathvista_synth"], {"num_shots": 0, "mmlu_pro_format": "chat",
-                                                                  "max_new_tokens": 64}
+        tasks, options = ["mmlu_pro_synth", "mathvista_synth"], dict(PROXY_EVAL_OPTIONS)
     else:
         tasks, options = ["mmlu_pro", "mathvista"], {}
     results = {}
-    for name in ("sft", "rl"):
+    for name in EVAL_STAGES:
         report = evaluate(out / name, tasks, out / "eval" / name, data_dir=data_dir, limit=limit, progress=progress,
                           **options)
         results[name] = {t: {k: v for k, v in e.items() if k in ("accuracy", "correct", "total", "proxy")}
@@ -194,16 +200,23 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
               _img(out / "rl/plots/rl_stats.png", out, "RL statistics"), ""]
     if ev:
         proxy = any(e.get("proxy") for e in ev.get("sft", {}).values())
+        stages = [name for name in EVAL_STAGES if name in ev]
+        heads = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "after RL"}
         lines += ["## Evaluation" + (" (synthetic proxies, not the real benchmarks)" if proxy else ""), "",
-                  "| benchmark | chance | after SFT | after RL |", "|---|---|---|---|"]
+                  "| benchmark | chance | " + " | ".join(heads[n] for n in stages) + " |",
+                  "|---|---|" + "---|" * len(stages)]
         for task in ev.get("sft", {}):
             chance = ev.get("chance", {}).get(task)
-            lines.append(f"| {task} | {'' if chance is None else f'{100 * chance:.1f}%'} | "
-                         f"{100 * ev['sft'][task]['accuracy']:.1f}% ({ev['sft'][task]['correct']}/"
-                         f"{ev['sft'][task]['total']}) | {100 * ev['rl'][task]['accuracy']:.1f}% "
-                         f"({ev['rl'][task]['correct']}/{ev['rl'][task]['total']}) |")
-        lines += ["", f"Settings: {ev.get('settings')}. Per-item responses and per-category reports are under "
-                  "`eval/sft/` and `eval/rl/`.", ""]
+            cells = [f"{100 * ev[n][task]['accuracy']:.1f}% ({ev[n][task]['correct']}/{ev[n][task]['total']})"
+                     for n in stages]
+            lines.append(f"| {task} | {'' if chance is None else f'{100 * chance:.1f}%'} | " + " | ".join(cells)
+                         + " |")
+        lines += ["", "Accuracy is the benchmark's own generative protocol: greedy generation, the official answer "
+                  "extraction (MathVista: its rules, then a rule-based stand-in for its GPT extractor) and "
+                  "scoring (MMLU-Pro: a response without an extractable letter gets the official random guess); "
+                  "chance is the expected accuracy of uniform guessing.",
+                  f"Settings: {ev.get('settings')}. Per-item responses and per-category reports are under "
+                  + ", ".join(f"`eval/{n}/`" for n in stages) + ".", ""]
     if demo:
         lines += ["## Video to website", "",
                   f"Held-out screencast `demo/screencast.mp4` (target `demo/target.html`, output `demo/site.html`); "

@@ -34,17 +34,28 @@ class Preset:
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         name="tiny",
-        description="~1M parameters; the quickstart model (2 CPU cores, minutes)",
+        description="~1.4M parameters; the quickstart model (2 CPU cores, minutes)",
         vocab_size=1536,
-        text=dict(hidden_size=96, intermediate_size=192, moe_intermediate_size=72, num_hidden_layers=4,
+        text=dict(hidden_size=128, intermediate_size=192, moe_intermediate_size=72, num_hidden_layers=4,
                   num_attention_heads=2, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
-                  num_experts=4, num_experts_per_tok=2, kda_head_dim=16, kda_num_heads=4, attnres_block_size=2),
+                  num_experts=4, num_experts_per_tok=2, kda_head_dim=16, kda_num_heads=8, attnres_block_size=2),
         vision=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=2, intermediate_size=128,
                     pos_emb_height=16, pos_emb_width=16),
-        image_max_patches=256, video_max_patches=64, video_fps=4.0,
-        seq_len=256, rows=4, vision_ratio=0.25, pretrain_data={"code_fraction": 0.2},
-        pretrain=dict(steps=600, lr=6e-3, warmup_steps=20, checkpoint_every=50, val_every=100),
-        sft=dict(steps=300, lr=4e-3, warmup_steps=10, checkpoint_every=100),
+        image_max_patches=64, video_max_patches=64, video_fps=4.0,
+        seq_len=256, rows=4, vision_ratio=0.1,
+        # 10% vision tokens, K2.5's early-fusion ablation winner (10:90): with their questions and replies the
+        # image documents still fill about 40% of a batch. The world's questions dominate the text (the proxies'
+        # skills: facts, reading the question, finding an option's letter), half of them as chats (loss on the
+        # answer only); the image tasks the MathVista proxy asks about (counting, bar charts, visual math) dominate
+        # the vision documents, and 64-patch images give more of them per batch. The first 450 batches' text is
+        # the option-letter drill (see `pretrain_stream`).
+        pretrain_data=dict(code_fraction=0.05, chat_fraction=0.5, text_chat_fraction=0.5,
+                           text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
+                           vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,
+                                         "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5},
+                           drill_batches=450, drill_lookups=10),
+        pretrain=dict(steps=1100, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=275),
+        sft=dict(steps=500, lr=2e-3, warmup_steps=10, checkpoint_every=100),
         rl=dict(steps=20, prompts_per_step=8, k=4, max_new_tokens=40, lr=5e-4),
     ),
     "small": Preset(

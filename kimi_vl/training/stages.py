@@ -79,7 +79,7 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
 def _run(stage: str, model: KimiVLForConditionalGeneration, processor: KimiVLProcessor, data, val_data,
          cfg: TrainConfig, out_dir: Path, extra: dict[str, Any]) -> Path:
     t0 = time.perf_counter()
-    baseline = unigram_entropy(data)
+    baseline = unigram_entropy(getattr(data, "main", data))  # a warm-up phase is not the data's steady state
     trainer = Trainer(model, data, cfg, out_dir, val_data=val_data, desc=stage)
     last = trainer.train()
     if not trainer.accelerator.is_main_process:
@@ -121,7 +121,7 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", steps: int | None = N
     model = build_model(p, processor)
     stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio, **p.pretrain_data)
     data = pretrain_stream(processor, seed=seed, **stream)
-    val = pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **stream)
+    val = pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **{**stream, "drill_batches": 0})
     return _run("pretrain", model, processor, data, val, cfg, out_dir, {"preset": preset, "seed": seed})
 
 
@@ -141,9 +141,10 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
                 {"preset": preset, "seed": seed, "from": str(from_dir)})
 
 
-RL_TASKS = {"text": tuple(t for t in TEXT_TASKS if t != "fact"), "vision": VISION_TASKS}
+RL_TASKS = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")), "vision": VISION_TASKS}
 """RL task families: verifiable text tasks (arithmetic, multiple choice) and image tasks (counting, colours,
-shapes, charts, OCR, grounding, visual math); `fact` is left to pre-training (its free-text answers)."""
+shapes, charts, OCR, grounding, visual math); `fact` (free-text answers) and the `lookup` drill are left to
+pre-training and SFT."""
 
 
 def rl_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:

@@ -10,6 +10,7 @@ from transformers import AutoModelForImageTextToText
 import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.cli import main
 from kimi_vl.errors import CheckpointError, ConfigError
+from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary, rl, rl_tasks, sft
 from kimi_vl.training.trainer import read_metrics
 
@@ -27,7 +28,7 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     assert summary["unigram_baseline"] > 3 and summary["tokens"] == 3 * 4 * 256
     model = AutoModelForImageTextToText.from_pretrained(pretrained)
     assert type(model).__name__ == "KimiVLForConditionalGeneration"
-    assert model.config.text_config.hidden_size == 96
+    assert model.config.text_config.hidden_size == get_preset("tiny").text["hidden_size"]
     assert (pretrained / "tokenizer.json").is_file() and (pretrained / "plots" / "loss.png").is_file()
     metrics = read_metrics(pretrained / "metrics.jsonl")
     assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["vision_tokens"] > 0 for m in metrics)

@@ -4,17 +4,22 @@ operations written in Python.
 
 Kinds of conversation (drawn with these weights):
 - `mc` (0.3): a 10-option multiple choice question of the synthetic world in one of MMLU-Pro's prompt layouts (the
-  API prompt, the local prompt, or just the question and options); the reply is a short chain of thought ending
-  "The answer is (X).".
-- `number` (0.25): arithmetic (also divisions with one or two decimals), and word problems on the world's facts,
+  API prompt, the local prompt - the one the evaluation sends -, or just the question and options); the reply is a
+  short chain of thought, the option holding its result ("The option 42 is (C).") and "The answer is (C).".
+- `lookup` (0.25): the world's `lookup` drill: the options of such a question, then a request for the letters of 3
+  to 6 of them; the reply finds each ("The option 42 is (C).").
+- `number` (0.1): arithmetic (also divisions with one or two decimals), and word problems on the world's facts,
   with MathVista's hints or none; the reply ends "The answer is 42.".
-- `fact` (0.1): a question on the world's facts answered with the facts and "The answer is ...".
-- `trace` (0.35): a question about an image that the model cannot see: the user describes the image in text (its
+- `fact` (0.05): a question on the world's facts answered with the facts and "The answer is ...".
+- `trace` (0.2): a question about an image that the model cannot see: the user describes the image in text (its
   size and the objects with their colours and pixel boxes, or the values printed on a chart, or the labelled sides
-  of a rectangle) and asks the same question as the vision task; the reply writes a short Python snippet operating
-  on the image file with PIL / numpy (colour masks, connected components, pixel reads) or on the read-off values,
-  states what it prints and ends with the task's final answer. The snippet is not executed: the reply states its
-  result, which is computed from the sample.
+  of a rectangle) and asks the same question as the vision task. Half of them also ask for Python
+  (`CODE_REQUEST`): the reply writes a short Python snippet operating on the image file with PIL / numpy (colour
+  masks, connected components, pixel reads) or on the read-off values, states what it prints and ends with the
+  task's final answer. The snippet is not executed: the reply states its result, which is computed from the
+  sample. The other half do not ask for code and get the vision task's own short reply (a sentence of reasoning
+  and the final answer, the format pre-training taught for real images), so a question that does not ask for code
+  (an evaluation prompt) keeps that short format.
 - `page` (0.1): a web page described in words (header, sections with their colours and heights, button) and the
   request to write its HTML; the reply is the page's HTML exactly as the video-to-website targets write it, so the
   answer format of that task survives the text-only SFT.
@@ -39,7 +44,11 @@ from .world import (
     sample_rng,
 )
 
-KINDS: tuple[tuple[str, float], ...] = (("mc", 0.3), ("number", 0.2), ("fact", 0.1), ("trace", 0.3), ("page", 0.1))
+KINDS: tuple[tuple[str, float], ...] = (("mc", 0.3), ("lookup", 0.25), ("number", 0.1), ("fact", 0.05),
+                                        ("trace", 0.2), ("page", 0.1))
+CODE_REQUEST = "Solve it with Python on image.png."
+"""The request that asks for a programmatic trace (the other described-image questions get a direct reply)."""
+CODE_FRACTION = 0.5
 
 _MMLU_API = ('The following are multiple choice questions (with answers) about {category}. Think step by step and '
              'then output the answer in the format of "The answer is (X)" at the end.\n\n')
@@ -50,7 +59,7 @@ _MMLU_LOCAL = ('The following are multiple choice questions (with answers) about
 def _mc(rng: random.Random) -> tuple[str, str]:
     s = make_sample("mc", rng)
     stem, options, category = s.meta["stem"], s.choices or [], s.meta["category"]
-    layout = rng.choice(("api", "local", "plain"))
+    layout = rng.choice(("api", "local", "local", "plain"))  # the local layout is the evaluation prompt
     if layout == "api":
         opts = "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
         prompt = _MMLU_API.format(category=category) + f"Question: {stem}\nOptions: {opts}\n"
@@ -80,11 +89,11 @@ def _number(rng: random.Random) -> tuple[str, str]:
         precision = rng.choice((1, 2))
         a, b = rng.randint(1, 99), rng.choice((2, 4, 5, 8))
         value = str(round(a / b, precision))
-        return _hinted(rng, f"What is {a} / {b}?", precision), f"{a} / {b} = {value}. The answer is {value}."
+        return _hinted(rng, f"What is {a} / {b}?", precision), f"We compute {a} / {b} = {value}. The answer is {value}."
     x, y = rng.sample(WORLD, 2)
     question = f"{x.name} has {x.legs} legs and {y.name} has {y.legs} legs. How many legs do they have together?"
     total = x.legs + y.legs
-    return _hinted(rng, question, None), f"{x.legs} + {y.legs} = {total}. The answer is {total}."
+    return _hinted(rng, question, None), f"We compute {x.legs} + {y.legs} = {total}. The answer is {total}."
 
 
 def _fact(rng: random.Random) -> tuple[str, str]:
@@ -164,8 +173,10 @@ def _trace(rng: random.Random) -> tuple[str, str]:
             top = labels[values.index(max(values))]
             code, result = table + "print(max(values, key=values.get))\n", f"It prints {top}."
         intro = "I put the printed values in a table."
+    if rng.random() >= CODE_FRACTION:  # no code asked for: the vision task's own reply
+        return f"{description}\n{s.question}", s.response
     final = s.response[s.response.rindex("The answer is"):]
-    prompt = f"{description}\n{s.question}"
+    prompt = f"{description}\n{s.question}\n{CODE_REQUEST}"
     reply = f"{intro}\n```python\n{code}```\n{result} {final}"
     return prompt, reply
 
@@ -180,7 +191,12 @@ def _page(rng: random.Random) -> tuple[str, str]:
     return prompt, page_html(spec)
 
 
-_MAKERS = {"mc": _mc, "number": _number, "fact": _fact, "trace": _trace, "page": _page}
+def _lookup(rng: random.Random) -> tuple[str, str]:
+    s = make_sample("lookup", rng)
+    return s.question, s.response
+
+
+_MAKERS = {"mc": _mc, "lookup": _lookup, "number": _number, "fact": _fact, "trace": _trace, "page": _page}
 
 
 def sft_conversation(rng: random.Random) -> list[dict[str, str]]:
@@ -199,4 +215,4 @@ def sft_conversations(n: int, seed: int) -> list[list[dict[str, str]]]:
     return [sft_conversation(sample_rng(seed, i, "sft")) for i in range(n)]
 
 
-__all__ = ["KINDS", "sft_conversation", "sft_conversations"]
+__all__ = ["CODE_REQUEST", "KINDS", "sft_conversation", "sft_conversations"]

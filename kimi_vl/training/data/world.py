@@ -7,7 +7,10 @@ vocabulary is deliberately small (10 colours, 4 shapes, 16 creatures, 10 towns, 
 
 The world has fixed facts (the same for every seed, see `WORLD`): 16 creatures, each with a colour, a home town and
 a number of legs. `fact` samples state them in prose, `mc` samples ask about them (and about arithmetic and unit
-conversions) as 10-option multiple choice questions in MMLU-Pro's format.
+conversions) as 10-option multiple choice questions in MMLU-Pro's format. `lookup` samples drill the step every
+multiple-choice answer ends with, finding an option's letter from its value: the options of an `mc` question, then
+the request for the letters of 3 to 6 of them, answered with one "The option 42 is (C)." sentence each (the phrase
+`mc` responses use).
 
 Tasks (`Sample.task`):
 
@@ -16,6 +19,7 @@ Tasks (`Sample.task`):
 | arithmetic  | -     | What is 17 + 25?                                     | 42             | number      |
 | mc          | -     | What color is Bavo? + 10 options A-J                 | C              | choice      |
 | fact        | -     | How many legs does Bavo have?                        | 6              | number/ocr  |
+| lookup      | -     | 10 options + Which letters do red and 7 have?        | (C), (H)       | ocr         |
 | count       | image | How many circles are in the image?                   | 4              | count       |
 | color       | image | What color is the square?                            | red            | ocr         |
 | shape       | image | What shape is in the image?                          | triangle       | ocr         |
@@ -26,8 +30,9 @@ Tasks (`Sample.task`):
 | visual_math | image | MathVista-style query (hint, question, choices)     | 8 / B          | number/choice|
 | screencast  | video | Write the HTML of this web page.                     | the page HTML  | html        |
 
-Responses are short: a templated sentence of reasoning and a final "The answer is X." (multiple choice:
-"The answer is (X)."), which `kimi_vl.training.rewards` extracts; screencast responses are the HTML itself.
+Responses are short: a templated sentence of reasoning and a final "The answer is X." (multiple choice: the
+reasoning, then the option holding the worked-out value, "The option 42 is (C).", then "The answer is (C)."), which
+`kimi_vl.training.rewards` extracts; screencast responses are the HTML itself.
 
 Images: RGB, native size with each side in 56..224 px (varied aspect ratios), light background. Boxes are
 `[x0, y0, x1, y1]` pixel coordinates with exclusive ends (the object covers columns `x0 .. x1 - 1`).
@@ -62,7 +67,7 @@ TOWNS: tuple[str, ...] = ("Ash", "Elm", "Fig", "Oak", "Yew", "Bay", "Cob", "Dew"
 LETTERS = "ABCDEFGHIJ"
 WORLD_SEED = 20240601
 
-TEXT_TASKS: tuple[str, ...] = ("arithmetic", "mc", "fact")
+TEXT_TASKS: tuple[str, ...] = ("arithmetic", "mc", "fact", "lookup")
 VISION_TASKS: tuple[str, ...] = ("count", "color", "shape", "chart_bar", "chart_line", "ocr", "grounding",
                                  "visual_math")
 VIDEO_TASKS: tuple[str, ...] = ("screencast",)
@@ -217,6 +222,13 @@ def _number_pool(rng: random.Random, value: int, lo: int = 0) -> list[str]:
     return [str(v) for v in sorted(pool)]
 
 
+def option_lookup(value: str, letter: str) -> str:
+    """The reasoning step of a multiple-choice response that finds the option holding the worked-out value:
+    "The option 42 is (C)." The value comes right before its letter, so the letter is looked up from the value
+    just written (the final "The answer is (C)." then repeats it)."""
+    return f"The option {value} is ({letter})."
+
+
 def _mc_question(stem: str, options: Sequence[str]) -> str:
     return stem + "\nOptions:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
 
@@ -255,7 +267,7 @@ def _arith_operands(rng: random.Random) -> tuple[int, str, int, int]:
 
 def _task_arithmetic(rng: random.Random) -> Sample:
     a, op, b, c = _arith_operands(rng)
-    return Sample("arithmetic", f"What is {a} {op} {b}?", str(c), f"{a} {op} {b} = {c}. The answer is {c}.",
+    return Sample("arithmetic", f"What is {a} {op} {b}?", str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
                   "number", meta={"expression": f"{a} {op} {b}"})
 
 
@@ -269,7 +281,7 @@ def _task_mc(rng: random.Random) -> Sample:
     if kind == "arithmetic":
         a, op, b, c = _arith_operands(rng)
         stem, correct, pool = f"What is {a} {op} {b}?", str(c), _number_pool(rng, c)
-        cot, category, src = f"{a} {op} {b} = {c}.", "math", "synthetic-arithmetic"
+        cot, category, src = f"We compute {a} {op} {b} = {c}.", "math", "synthetic-arithmetic"
     elif kind == "units":
         big, small, factor = rng.choice(_UNITS)
         k = rng.randint(2, 9)
@@ -283,18 +295,32 @@ def _task_mc(rng: random.Random) -> Sample:
         attr = rng.choice(("color", "town", "legs"))
         if attr == "color":
             stem, correct, pool = f"What color is {c.name}?", c.color, list(COLORS)
-            cot = f"{c.name} is a {c.color} creature."
+            cot = f"We know that {c.name} is a {c.color} creature."
         elif attr == "town":
             stem, correct, pool = f"Which town is {c.name} from?", c.town, list(TOWNS)
-            cot = f"{c.name} is from {c.town}."
+            cot = f"We know that {c.name} is from {c.town}."
         else:
             stem, correct, pool = f"How many legs does {c.name} have?", str(c.legs), [str(i) for i in range(1, 15)]
-            cot = f"{c.name} has {c.legs} legs."
+            cot = f"We know that {c.name} has {c.legs} legs."
         category, src = "other", "synthetic-world"
     options, idx = _options(rng, correct, pool)
     letter = LETTERS[idx]
+    cot = f"{cot} {option_lookup(correct, letter)}"
     return Sample("mc", _mc_question(stem, options), letter, f"{cot} The answer is ({letter}).", "choice",
                   choices=options, meta={"stem": stem, "category": category, "src": src, "cot": cot})
+
+
+def _task_lookup(rng: random.Random) -> Sample:
+    base = _task_mc(rng)
+    options = base.choices or []
+    picks = rng.sample(range(len(options)), rng.randint(3, 6))
+    values = [options[i] for i in picks]
+    stem = f"Which letters do the options {', '.join(values[:-1])} and {values[-1]} have?"
+    answer = ", ".join(f"({LETTERS[i]})" for i in picks)
+    steps = " ".join(option_lookup(options[i], LETTERS[i]) for i in picks)
+    question = "Options:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options)) + f"\n{stem}"
+    return Sample("lookup", question, answer, f"{steps} The answer is {answer}.", "ocr", choices=options,
+                  meta={"stem": stem, "category": base.meta["category"], "picks": picks})
 
 
 def _task_fact(rng: random.Random) -> Sample:
@@ -358,6 +384,8 @@ def _chart(rng: random.Random, kind: str, n: int, *, unique_max: bool = False
     if unique_max:
         top = max(values)
         keep = values.index(top)
+        if top == 1:  # all bars at 1: lift the kept one (the others would drop to 0, an empty bar)
+            values[keep] = top = 2
         values = [v if i == keep or v < top else top - 1 for i, v in enumerate(values)]
     font = _font(10)
     top, bottom, left = 16, h - 14, 6
@@ -503,6 +531,7 @@ def _task_visual_math(rng: random.Random) -> Sample:
         question_type, answer_type = "multi_choice", "text"
         letter = LETTERS[choices.index(str(value))]
         answer, final = letter, f"({letter})"
+        cot = f"{cot} {option_lookup(str(value), letter)}"
     else:
         question_type = "free_form"
         answer_type = "float" if precision is not None else "integer"
@@ -538,7 +567,7 @@ def _task_screencast(rng: random.Random) -> Sample:
 
 
 _TASKS = {
-    "arithmetic": _task_arithmetic, "mc": _task_mc, "fact": _task_fact, "count": _task_count,
+    "arithmetic": _task_arithmetic, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup, "count": _task_count,
     "color": _task_color, "shape": _task_shape, "chart_bar": _task_chart_bar, "chart_line": _task_chart_line,
     "ocr": _task_ocr, "grounding": _task_grounding, "visual_math": _task_visual_math,
     "screencast": _task_screencast,
@@ -642,8 +671,9 @@ def mathvista_rows(n: int, seed: int, image_dir: str | Path) -> dict[str, dict]:
 
 def sample_text(sample: Sample) -> str:
     """The sample as plain text (pre-training form): MMLU-Pro's `Question: ... Answer: Let's think step by step.`
-    layout for multiple choice, `Question: ...\\nAnswer: ...` otherwise (visual_math: without MathVista's hint)."""
-    if sample.task == "mc":
+    layout for multiple choice (and option lookups), `Question: ...\\nAnswer: ...` otherwise (visual_math: without
+    MathVista's hint)."""
+    if sample.task in ("mc", "lookup"):
         return f"Question:\n{sample.question}\nAnswer: Let's think step by step. {sample.response}"
     if sample.task == "visual_math":  # the question without MathVista's hint, which the chat form keeps
         m = sample.meta
@@ -657,5 +687,5 @@ def sample_text(sample: Sample) -> str:
 __all__ = [
     "ALL_TASKS", "COLORS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES", "TEXT_TASKS",
     "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
-    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "sample_rng", "sample_text", "world_facts",
+    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "sample_rng", "sample_text", "world_facts",
 ]

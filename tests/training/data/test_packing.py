@@ -4,6 +4,7 @@ model trained one step on a packed batch."""
 import itertools
 import math
 import random
+import re
 import time
 
 import pytest
@@ -25,6 +26,7 @@ from kimi_vl.training.data.packing import (
     encode_chat,
     encode_sample,
     encode_text,
+    option_drill_document,
     pretrain_stream,
 )
 from kimi_vl.training.data.world import make_sample, sample_rng
@@ -279,6 +281,60 @@ def test_bad_arguments(proc):
         PackedStream(_fixed(0), seq_len=8, rows=1, seed=0).batch(0)
     with pytest.raises(ConfigError, match="batch index"):
         PackedStream(_fixed(3), seq_len=8, rows=1, seed=0).batch(-1)
+
+
+def test_mixture_weights_and_chat_form_of_world_text(proc):
+    """`text_tasks` / `vision_tasks` pick the world tasks (weight 0 or absent: never); `text_chat_fraction=1` puts
+    every world text sample in chat form (loss on the reply only, the question and options unlabelled)."""
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=3, code_fraction=0.0, video_fraction=0.0,
+                        text_chat_fraction=1.0, text_tasks={"lookup": 1.0, "mc": 0.0}, vision_tasks={"count": 1})
+    tok = proc.tokenizer
+    for i in range(2):
+        b = s.batch(i)
+        text = tok.decode(b.input_ids[0].tolist())
+        assert text.count("Which letters do the options") >= 2 and "Options:" in text
+        assert "How many legs" not in text and "What color" not in text and "What is" not in text  # no mc/arith
+        assert text.count("How many") == len(b.image_grid_thw)  # only counting images
+        labelled = tok.decode([t for t, lab in zip(b.input_ids[0].tolist(), b.labels[0].tolist()) if lab != -100])
+        assert "Options:" not in labelled and "Which letters" not in labelled  # prompts carry no loss
+        assert labelled.count("The option ") >= 6
+    with pytest.raises(ConfigError, match="text_tasks"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, text_tasks={"count": 1.0})
+    with pytest.raises(ConfigError, match="vision_tasks"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, vision_tasks={"count": 0.0})
+    with pytest.raises(ConfigError, match="text_chat_fraction"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, text_chat_fraction=2.0)
+
+
+def test_option_drill_document_labels_only_the_letters(proc):
+    tok = proc.tokenizer
+    for i in range(20):
+        doc = option_drill_document(sample_rng(0, i, "drill"), proc, lookups=4)
+        text = tok.decode(doc.input_ids)
+        assert text.startswith(BOS + "Options:\nA. ") and text.endswith(DOC_EOS) and not doc.splittable
+        options = dict(re.findall(r"\n([A-J])\. ([^\n]+)", text))
+        found = re.findall(r"The option (.+?) is \(([A-J])\)\.", text)
+        assert len(options) == 10 and len(found) == 4 and all(options[letter] == v for v, letter in found)
+        assert loss_text(proc, doc) == "".join(letter for _, letter in found)
+
+
+def test_warmup_stream_drills_then_mixes(proc):
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=2, drill_batches=2, drill_lookups=3)
+    plain = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=2)
+    tok = proc.tokenizer
+    for i in (0, 1):
+        b = s.batch(i)
+        text = tok.decode(b.input_ids[0].tolist())
+        assert text.count("The option ") >= 6 and b.image_grid_thw is not None  # drills, and images as usual
+        assert abs(b.num_vision_tokens / b.input_ids.numel() - 0.25) < 0.07
+        labelled = tok.decode([t for t, lab in zip(b.input_ids[0].tolist(), b.labels[0].tolist()) if lab != -100])
+        assert "Options:" in text and "Options:" not in labelled  # drills: only their letters carry the loss
+        assert "Answer:" not in text and "<html" not in text  # images in chat form (short replies), no screencasts
+    for i in (2, 3):  # afterwards the mixture itself
+        assert torch.equal(s.batch(i).input_ids, plain.batch(i).input_ids)
+    assert torch.equal(s.batch(0).input_ids, s.batch(0).input_ids)
+    with pytest.raises(ConfigError, match="drill_batches"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, drill_batches=-1)
 
 
 def test_batch_generation_is_fast(proc):

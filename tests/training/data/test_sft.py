@@ -6,7 +6,7 @@ import pytest
 
 from kimi_vl.fusion.tokenizer import IM_ASSISTANT, IM_END, IM_MIDDLE, IM_SYSTEM, IM_USER, MEDIA_START
 from kimi_vl.training.data.packing import assistant_mask, encode_chat, sft_stream
-from kimi_vl.training.data.sft import sft_conversations
+from kimi_vl.training.data.sft import CODE_REQUEST, sft_conversations
 
 SEQ, ROWS = 256, 4
 
@@ -32,14 +32,18 @@ def test_answer_formats_and_python_traces(conversations):
     conversations = [c for c in conversations if not c[-1]["content"].startswith("<html>")]
     replies = [c[-1]["content"] for c in conversations]
     prompts = [c[-2]["content"] for c in conversations]
-    assert all(re.search(r"The answer is \S+\.$", r) for r in replies), [r for r in replies
-                                                                          if not re.search(r"The answer is \S+\.$", r)]
-    mc = [r for r, p in zip(replies, prompts) if "Options:" in p]
+    final = r"The answer is \S+(, \(\w\))*\.$"  # option-letter drills answer with a list of letters
+    assert all(re.search(final, r) for r in replies), [r for r in replies if not re.search(final, r)]
+    mc = [r for r, p in zip(replies, prompts) if "Options:" in p and "Which letters" not in p]
     assert mc and all(re.search(r"The answer is \([A-J]\)\.$", r) for r in mc)
     assert any("Think step by step" in p for p in prompts)  # MMLU-Pro prompts
     assert any(p.startswith("Hint: ") or "\nHint: " in p for p in prompts)  # MathVista hints
     traces = [(p, r) for p, r in zip(prompts, replies) if "```python" in r]
-    assert len(traces) > 20
+    assert len(traces) > 10
+    # code exactly when the user asks for it; the other described-image questions get the task's short reply
+    assert all(p.endswith(CODE_REQUEST) for p, _ in traces)
+    direct = [(p, r) for p, r in zip(prompts, replies) if "image.png is" in p and "```" not in r]
+    assert direct and all(not p.endswith(CODE_REQUEST) and len(r) < 200 for p, r in direct)
     assert any("image.png is" in p and "ndimage.label" in r for p, r in traces)  # counting by pixel operations
     assert any("Image.open" in r and "print(img[" in r for _, r in traces)  # reading a pixel's colour
     # the stated results are the answers
@@ -90,3 +94,13 @@ def test_sft_stream_is_zero_vision_and_masked(proc):
     # gap filling keeps the padding low
     pads = [stream.batch(i).num_pad_tokens / (SEQ * ROWS) for i in range(3)]
     assert sum(pads) / 3 < 0.2, pads
+
+
+def test_lookup_drill_and_the_evaluation_layout(conversations):
+    """The option-letter drill is in the mixture, and the MMLU-Pro prompt the evaluation sends (the local layout)
+    is the most frequent multiple-choice layout."""
+    drills = [c for c in conversations if "Which letters do the options" in c[-2]["content"]]
+    assert drills and all(c[-2]["content"].startswith("Options:\nA. ") for c in drills)
+    mc = [c[-2]["content"] for c in conversations if "Answer: Let's think step by step." in c[-2]["content"]]
+    local = [p for p in mc if "where X is the correct letter choice.\n\n\n\nQuestion:\n" in p]
+    assert len(local) > len(mc) / 3

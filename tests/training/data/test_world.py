@@ -21,6 +21,7 @@ from kimi_vl.training.data.world import (
     make_samples,
     mathvista_rows,
     mmlu_pro_rows,
+    option_lookup,
     sample_rng,
 )
 from kimi_vl.training.rewards import reward
@@ -223,3 +224,58 @@ def test_mathvista_rows_schema(shared_data, tmp_path):
     again = mathvista_rows(40, seed=0, image_dir=tmp_path / "again")
     assert again == rows
     assert (tmp_path / "images" / "1.png").read_bytes() == (tmp_path / "again" / "images" / "1.png").read_bytes()
+
+
+def test_multiple_choice_responses_look_the_answer_up_in_the_options():
+    """The reasoning ends with the option holding the worked-out value, right before its letter."""
+    for s in make_samples(("mc",), 40, seed=1):
+        value = s.choices[LETTERS.index(s.answer)]
+        assert s.response.endswith(f"The option {value} is ({s.answer}). The answer is ({s.answer}).")
+        assert s.meta["cot"].endswith(option_lookup(value, s.answer))
+    for s in make_samples(("visual_math",), 60, seed=1):
+        if s.choices:
+            assert f"{option_lookup(s.choices[LETTERS.index(s.answer)], s.answer)} The answer is ({s.answer})." \
+                in s.response
+
+
+def test_lookup_drill_letters_match_the_options():
+    seen = set()
+    for s in make_samples(("lookup",), 40, seed=2):
+        assert s.image is None and s.reward == "ocr" and len(s.choices) == 10
+        lines = s.question.split("\n")
+        assert lines[0] == "Options:" and lines[1:11] == [f"{LETTERS[i]}. {c}" for i, c in enumerate(s.choices)]
+        found = re.findall(r"The option (.+?) is \(([A-J])\)\.", s.response)
+        assert 3 <= len(found) <= 6 and len({v for v, _ in found}) == len(found)
+        assert all(s.choices[LETTERS.index(letter)] == value for value, letter in found)
+        assert lines[11] == s.meta["stem"] and all(v in s.meta["stem"] for v, _ in found)
+        assert s.answer == ", ".join(f"({letter})" for _, letter in found)
+        assert reward(s, s.response) == 1.0
+        seen.update(letter for _, letter in found)
+    assert seen == set(LETTERS)  # every position is asked for
+
+
+def test_bar_max_chart_when_every_bar_is_one():
+    """Regression: a bar_max chart whose random values were all 1 dropped the others to an empty (0) bar, which
+    PIL refused to draw (`random.Random(25163)` draws three 1s)."""
+    import random
+
+    from kimi_vl.training.data.world import _chart
+
+    _, _, values, _, _ = _chart(random.Random(25163), "bar", 3, unique_max=True)
+    assert min(values) >= 1 and values.count(max(values)) == 1
+
+
+def test_proxy_items_are_pinned(tmp_path):
+    """The evaluation proxies (seed 90210) are built by these generators: their items - questions, options,
+    answers, images - are pinned, so a change of the training data's wording or mixture cannot move them (the
+    hashes are those of the generators before the option-lookup responses and the lookup drill were added)."""
+    import hashlib
+
+    rows = mmlu_pro_rows(140, 90_210)
+    text = json.dumps([(r["question"], r["options"], r["answer"]) for r in rows]).encode()
+    assert hashlib.sha256(text).hexdigest() == "b5555f400007d89423732364fbd1c2f70832809be8e0684e4737096e837b3ecd"
+    digest = hashlib.sha256()
+    for r in mathvista_rows(100, 90_210, tmp_path).values():
+        digest.update(json.dumps([r["question"], r["choices"], r["answer"], r["unit"], r["precision"]]).encode())
+        digest.update((tmp_path / r["image"]).read_bytes())
+    assert digest.hexdigest() == "bde2a733cd3fe8fd4df1ef92753c7c6571ab878747501fc59750260e3a603a89"
