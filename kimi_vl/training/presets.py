@@ -56,7 +56,7 @@ PRESETS: dict[str, Preset] = {
                            drill_batches=450, drill_lookups=10),
         pretrain=dict(steps=1100, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=275),
         sft=dict(steps=500, lr=2e-3, warmup_steps=10, checkpoint_every=100),
-        rl=dict(steps=20, prompts_per_step=8, k=4, max_new_tokens=40, lr=5e-4),
+        rl=dict(steps=20, prompts_per_step=8, k=4, max_new_tokens=40, lr=2e-4),
     ),
     "small": Preset(
         name="small",
