@@ -42,15 +42,13 @@ def _scaled(n: int, scale: float) -> int:
 
 
 EVAL_STAGES = ("pretrain", "sft", "rl")
-PROXY_EVAL_OPTIONS = {"num_shots": 0, "mmlu_pro_format": "chat", "max_new_tokens": 96}
-"""Proxy settings: zero-shot chat prompts (five worked examples do not fit the tiny model's 256-token context) and
-96 new tokens (the longest target reply, a five-bar chart's multiple choice, is about 60 tokens)."""
 
 
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
     """Evaluate the pre-trained, SFT and RL checkpoints (the same prompts for all three: the pre-trained model has
     seen chats only with images, so its text scores show what SFT adds); proxies use `PROXY_EVAL_OPTIONS`, real
     benchmarks their official settings."""
+    from .eval.proxies import PROXY_EVAL_OPTIONS
     from .eval.runner import evaluate
 
     marker = out / "eval" / "done.json"

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..training.stages import read_summary, rl
+from .proxies import PROXY_EVAL_OPTIONS
 from .runner import evaluate
 
 ARMS = {"text": ("text",), "text+vision": ("text", "vision")}
@@ -52,6 +53,7 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
         raise ConfigError(f"seeds must be >= 1, got {seeds}.")
     out_dir = Path(out_dir)
     tasks = ("mmlu_pro", "mathvista") if data_dir else ("mmlu_pro_synth", "mathvista_synth")
+    eval_options = {**({} if data_dir else PROXY_EVAL_OPTIONS), **eval_options}  # proxies: the quickstart's settings
     scores: dict[str, dict[str, list[float]]] = {arm: {t: [] for t in tasks} for arm in ARMS}
     for seed in range(seeds):
         for arm, families in ARMS.items():
@@ -66,6 +68,7 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
         "sft_checkpoint": str(sft_dir), "seeds": seeds, "rl_steps": summary.get("steps"),
         "rl_prompts_per_step": summary.get("prompts_per_step"), "rl_k": summary.get("k"),
         "preset": summary.get("preset"), "tasks": list(tasks), "proxies": data_dir is None, "limit": limit,
+        "eval_options": eval_options,
         "scores": scores, "summary": {},
     }
     for t in tasks:
@@ -99,7 +102,8 @@ def ablation_markdown(result: dict[str, Any]) -> str:
     ]
     for t, s in result["summary"].items():
         lines.append(f"| {t}{proxy} | {_pct(*s['text'])} | {_pct(*s['text+vision'])} | {_pct(*s['delta'])} |")
-    lines += ["", f"Items per benchmark: {result['limit'] or 'all'}. "
+    lines += ["", f"Items per benchmark: {result['limit'] or 'all'}; evaluation options: "
+              f"{result.get('eval_options') or 'the official settings'}. "
               + ("The benchmarks are the offline synthetic proxies built from the embedded synthetic world, not "
                  "MMLU-Pro and MathVista themselves; a tiny model trained for minutes on a CPU is far from the "
                  "scale of the K2.5 result (+1.7 to +2.2 points on MMLU-Pro, GPQA-Diamond and LongBench v2), so "

@@ -25,6 +25,10 @@ MMLU_PRO_SYNTH_SIZE = 140
 MATHVISTA_SYNTH_SIZE = 100
 SHOT_POOL = 140
 """Rows generated (from `seed + 1`) to pick the per-category worked examples of `mmlu_pro_synth` from."""
+PROXY_EVAL_OPTIONS = {"num_shots": 0, "mmlu_pro_format": "chat", "max_new_tokens": 96}
+"""`evaluate` options the quickstart and the Vision-RL ablation use on the proxies: zero-shot chat prompts (five
+worked examples do not fit the tiny model's 256-token context) and 96 new tokens (the longest target reply, a
+five-bar chart's multiple choice, is about 60 tokens)."""
 
 
 def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED) -> tuple[list[dict], list[dict]]:
@@ -54,4 +58,4 @@ def mathvista_synth(
     return out
 
 
-__all__ = ["MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_SEED", "mathvista_synth", "mmlu_pro_synth"]
+__all__ = ["MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_EVAL_OPTIONS", "PROXY_SEED", "mathvista_synth", "mmlu_pro_synth"]

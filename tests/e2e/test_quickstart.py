@@ -38,7 +38,8 @@ def test_quickstart_smoke(tmp_path):
 def test_report_shows_every_evaluated_stage_against_chance(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL), chance, and
     says how accuracy was measured; an older eval/done.json without the pre-training entry still renders."""
-    from kimi_vl.quickstart import EVAL_STAGES, PROXY_EVAL_OPTIONS, write_report
+    from kimi_vl.eval.proxies import PROXY_EVAL_OPTIONS
+    from kimi_vl.quickstart import EVAL_STAGES, write_report
 
     (tmp_path / "eval").mkdir()
     entry = lambda c: {"proxy": True, "accuracy": c / 100, "correct": c, "total": 100}  # noqa: E731

@@ -24,15 +24,17 @@ def test_mean_ci_uses_student_t():
 
 def test_markdown_labels_proxies_and_states_sizes():
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 5, "rl_prompts_per_step": 8, "rl_k": 4,
-              "seeds": 2, "proxies": True, "limit": 10,
+              "seeds": 2, "proxies": True, "limit": 10, "eval_options": {"num_shots": 0},
               "summary": {"mmlu_pro_synth": {"text": (0.2, 0.1), "text+vision": (0.3, 0.05), "delta": (0.1, 0.2)}}}
     md = ablation_markdown(result)
     assert "| mmlu_pro_synth (synthetic proxy) | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
     assert "preset `tiny`" in md and "5 steps of 8 prompts x 4 responses" in md and "not MMLU-Pro" in md
+    assert "evaluation options: {'num_shots': 0}" in md
 
 
 @pytest.mark.slow
 def test_ablation_command_end_to_end(tmp_path):
+    from kimi_vl.eval.proxies import PROXY_EVAL_OPTIONS
     from kimi_vl.training.stages import pretrain, sft
 
     pre = pretrain(tmp_path / "pre", steps=2, progress=False, val_batches=1)
@@ -42,6 +44,7 @@ def test_ablation_command_end_to_end(tmp_path):
                  "--limit", "3"]) == 0
     result = json.loads((out / "ablation.json").read_text())
     assert result["tasks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
+    assert result["eval_options"] == PROXY_EVAL_OPTIONS  # the quickstart's proxy settings, comparable with it
     for arm in ("text", "text+vision"):
         assert all(len(v) == 2 for v in result["scores"][arm].values())
     assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"

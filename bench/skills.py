@@ -1,0 +1,119 @@
+"""Which of the proxies' component skills a trained checkpoint has (the diagnosis behind docs/RESULTS.md).
+
+Teacher-forced, so each number isolates one skill from the others:
+
+- `letter`: on the MMLU-Pro proxy's items (the evaluation's chat prompt), the target reply up to "The option
+  <right value> is (" is given; is the next token the right letter? Chance 10%: the option-letter lookup.
+- `drill`: the same lookup on bare option lists (`option_drill_document`, 10 options, 5 lookups each).
+- `colour`: an image of one shape and "What color is the <shape>?"; the reply "The <shape> is" is given; is the
+  next token the right colour? Chance 10%: whether the language model reads the image tokens.
+- `probe`: a linear probe (logistic regression, 300 training images) on the vision tower's mean-pooled features
+  of the same images, scored on 100 others: whether the colour is in the vision features at all.
+
+    python bench/skills.py --model runs/quickstart/pretrain runs/quickstart/sft
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+import kimi_vl  # noqa: F401  (registers the Auto classes)
+from kimi_vl.eval import mmlu_pro as mp
+from kimi_vl.eval.proxies import mmlu_pro_synth
+from kimi_vl.training.data.packing import PackedStream, option_drill_document
+from kimi_vl.training.data.world import COLORS, make_samples
+
+
+def _next_token(model, processor, text: str, image=None) -> str:
+    inputs = processor(text=text, images=[image] if image is not None else None, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0, -1]
+    return processor.tokenizer.decode([int(logits.argmax())]).strip()
+
+
+def letter_accuracy(model, processor) -> float:
+    test, val = mmlu_pro_synth()
+    right = 0
+    for row in test:
+        prompt = mp.build_prompt(val, row, 0)
+        text = processor.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                             tokenize=False)
+        value = row["options"][row["answer_index"]]
+        reasoning = row["cot_content"].removeprefix(mp.COT_PREFIX_SHOT).split("The option")[0].strip()
+        right += _next_token(model, processor, f"{text}{reasoning} The option {value} is (") == row["answer"]
+    return right / len(test)
+
+
+def drill_accuracy(model, processor, batches: int = 4) -> float:
+    stream = PackedStream(lambda rng: option_drill_document(rng, processor, 5, 10), seq_len=256, rows=4, seed=99,
+                          processor=processor)
+    right = total = 0
+    with torch.no_grad():
+        for i in range(batches):
+            batch = stream.batch(i)
+            logits = model(**batch.model_inputs()).logits[0, :-1]
+            labels = batch.labels[0, 1:]
+            mask = labels != -100
+            right += int((logits.argmax(-1)[mask] == labels[mask]).sum())
+            total += int(mask.sum())
+    return right / total
+
+
+def colour_accuracy(model, processor, n: int = 40) -> float:
+    right = 0
+    for s in make_samples(("color",), n, seed=777):
+        shape = s.meta["objects"][0]["shape"]
+        text = processor.apply_chat_template(
+            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": s.question}]}],
+            add_generation_prompt=True, tokenize=False)
+        right += _next_token(model, processor, f"{text}The {shape} is", s.image) == s.answer
+    return right / n
+
+
+def colour_probe(model, processor) -> float:
+    names = list(COLORS)
+
+    def features(samples):
+        out = []
+        for s in samples:
+            inputs = processor.image_processor([s.image], return_tensors="pt")
+            with torch.no_grad():
+                merged = model.vision_tower(inputs["pixel_values"], inputs["image_grid_thw"]).pooler_output
+            out.append(merged.float().reshape(-1, model.vision_tower.config.hidden_size).mean(0))
+        return torch.stack(out), torch.tensor([names.index(s.answer) for s in samples])
+
+    x, y = features(make_samples(("color",), 300, seed=1))
+    x_test, y_test = features(make_samples(("color",), 100, seed=2))
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    x, x_test = (x - mean) / std, (x_test - mean) / std
+    torch.manual_seed(0)
+    w = torch.zeros(x.shape[1], len(names), requires_grad=True)
+    b = torch.zeros(len(names), requires_grad=True)
+    opt = torch.optim.Adam([w, b], lr=0.05)
+    for _ in range(300):
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + 1e-3 * w.square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(((x_test @ w + b).argmax(1) == y_test).float().mean())
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", nargs="+", required=True, help="checkpoint directories")
+    args = ap.parse_args()
+    print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | colour probe on the vision tower |")
+    print("|---|---|---|---|---|")
+    for path in args.model:
+        model = AutoModelForImageTextToText.from_pretrained(path).eval()
+        processor = AutoProcessor.from_pretrained(path)
+        cells = [letter_accuracy(model, processor), drill_accuracy(model, processor),
+                 colour_accuracy(model, processor), colour_probe(model, processor)]
+        print(f"| {path} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
