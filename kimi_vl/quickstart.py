@@ -41,7 +41,8 @@ def _scaled(n: int, scale: float) -> int:
     return max(2, round(n * scale))
 
 
-EVAL_STAGES = ("pretrain", "sft", "rl")
+EVAL_STAGES = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "after RL"}
+"""The checkpoints `run_eval` evaluates, with their REPORT.md column headings."""
 
 
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
@@ -199,9 +200,8 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
     if ev:
         proxy = any(e.get("proxy") for e in ev.get("sft", {}).values())
         stages = [name for name in EVAL_STAGES if name in ev]
-        heads = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "after RL"}
         lines += ["## Evaluation" + (" (synthetic proxies, not the real benchmarks)" if proxy else ""), "",
-                  "| benchmark | chance | " + " | ".join(heads[n] for n in stages) + " |",
+                  "| benchmark | chance | " + " | ".join(EVAL_STAGES[n] for n in stages) + " |",
                   "|---|---|" + "---|" * len(stages)]
         for task in ev.get("sft", {}):
             chance = ev.get("chance", {}).get(task)

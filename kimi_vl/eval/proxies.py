@@ -58,4 +58,7 @@ def mathvista_synth(
     return out
 
 
-__all__ = ["MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_EVAL_OPTIONS", "PROXY_SEED", "mathvista_synth", "mmlu_pro_synth"]
+__all__ = [
+    "MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_EVAL_OPTIONS", "PROXY_SEED", "mathvista_synth",
+    "mmlu_pro_synth",
+]

@@ -44,11 +44,11 @@ PRESETS: dict[str, Preset] = {
         image_max_patches=64, video_max_patches=64, video_fps=4.0,
         seq_len=256, rows=4, vision_ratio=0.1,
         # 10% vision tokens, K2.5's early-fusion ablation winner (10:90): with their questions and replies the
-        # image documents still fill about 40% of a batch. The world's questions dominate the text (the proxies'
-        # skills: facts, reading the question, finding an option's letter), half of them as chats (loss on the
-        # answer only); the image tasks the MathVista proxy asks about (counting, bar charts, visual math) dominate
-        # the vision documents, and 64-patch images give more of them per batch. The first 450 batches' text is
-        # the option-letter drill (see `pretrain_stream`).
+        # image documents still fill about 30% of a batch (40% in the drill phase; at 25% vision: 63% and 91%).
+        # The world's questions dominate the text (the proxies' skills: facts, reading the question, finding an
+        # option's letter), half of them as chats (loss on the answer only); the image tasks the MathVista proxy
+        # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
+        # more of them per batch. The first 450 batches' text is the option-letter drill (see `pretrain_stream`).
         pretrain_data=dict(code_fraction=0.05, chat_fraction=0.5, text_chat_fraction=0.5,
                            text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
                            vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,

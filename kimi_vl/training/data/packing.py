@@ -68,7 +68,17 @@ from ...fusion.tokenizer import (
 )
 from .corpus import stdlib_window
 from .screencast import Screencast
-from .world import LETTERS, TEXT_TASKS, VIDEO_TASKS, VISION_TASKS, Sample, make_sample, sample_text
+from .world import (
+    LETTERS,
+    TEXT_TASKS,
+    VIDEO_TASKS,
+    VISION_TASKS,
+    Sample,
+    make_sample,
+    option_lookup,
+    options_block,
+    sample_text,
+)
 
 IGNORE_INDEX = -100
 MEDIA_KEYS = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
@@ -651,14 +661,14 @@ def option_drill_document(rng: random.Random, processor: Any, lookups: int = 3, 
     if min_options < len(options):  # fewer options: an easier start for the drill
         options = options[: rng.randint(min_options, len(options))]
     picks = rng.sample(range(len(options)), min(lookups, len(options)))
-    head = "Options:\n" + "".join(f"{LETTERS[i]}. {o}\n" for i, o in enumerate(options))
-    ids = [bos] + tok(head, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = [bos] + tok(options_block(options) + "\n", add_special_tokens=False, split_special_tokens=True)["input_ids"]
     labels = [IGNORE_INDEX] * len(ids)
+    close = tok(").", add_special_tokens=False)["input_ids"]
     for k, i in enumerate(picks):
-        query = tok(("" if k == 0 else " ") + f"The option {options[i]} is (", add_special_tokens=False,
+        sentence = option_lookup(options[i], LETTERS[i])  # "The option 42 is (C).": the letter is the target
+        query = tok(("" if k == 0 else " ") + sentence[: sentence.rindex("(") + 1], add_special_tokens=False,
                     split_special_tokens=True)["input_ids"]
         letter = tok(LETTERS[i], add_special_tokens=False)["input_ids"]
-        close = tok(").", add_special_tokens=False)["input_ids"]
         ids += query + letter + close
         labels += [IGNORE_INDEX] * len(query) + letter + [IGNORE_INDEX] * len(close)
     ids.append(eos)

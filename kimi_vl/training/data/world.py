@@ -229,8 +229,13 @@ def option_lookup(value: str, letter: str) -> str:
     return f"The option {value} is ({letter})."
 
 
+def options_block(options: Sequence[str]) -> str:
+    """MMLU-Pro's option list: `Options:\nA. ...\nB. ...` (no trailing newline)."""
+    return "Options:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+
+
 def _mc_question(stem: str, options: Sequence[str]) -> str:
-    return stem + "\nOptions:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+    return f"{stem}\n{options_block(options)}"
 
 
 def mathvista_query(stem: str, *, question_type: str, answer_type: str, precision: int | None = None,
@@ -318,7 +323,7 @@ def _task_lookup(rng: random.Random) -> Sample:
     stem = f"Which letters do the options {', '.join(values[:-1])} and {values[-1]} have?"
     answer = ", ".join(f"({LETTERS[i]})" for i in picks)
     steps = " ".join(option_lookup(options[i], LETTERS[i]) for i in picks)
-    question = "Options:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options)) + f"\n{stem}"
+    question = f"{options_block(options)}\n{stem}"
     return Sample("lookup", question, answer, f"{steps} The answer is {answer}.", "ocr", choices=options,
                   meta={"stem": stem, "category": base.meta["category"], "picks": picks})
 
@@ -687,5 +692,6 @@ def sample_text(sample: Sample) -> str:
 __all__ = [
     "ALL_TASKS", "COLORS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES", "TEXT_TASKS",
     "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
-    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "sample_rng", "sample_text", "world_facts",
+    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
+    "world_facts",
 ]
