@@ -51,7 +51,7 @@ def peak_rss_mib() -> float:
 def tiny_text_corpus() -> tuple[dict, object, object]:
     """`(token-id kwargs for KimiTextConfig, train stream, validation stream)`: the `tiny` preset's tokenizer and
     text-only packed streams of the embedded corpus (validation from a disjoint seed)."""
-    from kimi_vl.training.data.packing import pretrain_stream
+    from kimi_vl.data import embedded_pretrain_stream
     from kimi_vl.training.presets import get_preset
     from kimi_vl.training.stages import build_processor
 
@@ -61,4 +61,4 @@ def tiny_text_corpus() -> tuple[dict, object, object]:
     ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                eos_token_id=tok.eos_token_id)
     stream = dict(seq_len=preset.seq_len, rows=preset.rows, vision_ratio=0.0)
-    return ids, pretrain_stream(proc, seed=0, **stream), pretrain_stream(proc, seed=10**6, **stream)
+    return ids, embedded_pretrain_stream(proc, seed=0, **stream), embedded_pretrain_stream(proc, seed=10**6, **stream)

@@ -21,10 +21,10 @@ import torch
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
+from kimi_vl.data import PackedStream, option_drill_document
+from kimi_vl.data.world import COLORS, make_samples
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
-from kimi_vl.training.data.packing import PackedStream, option_drill_document
-from kimi_vl.training.data.world import COLORS, make_samples
 
 
 def _next_token(model, processor, text: str, image=None) -> str:
@@ -48,8 +48,8 @@ def letter_accuracy(model, processor) -> float:
 
 
 def drill_accuracy(model, processor, batches: int = 4) -> float:
-    stream = PackedStream(lambda rng: option_drill_document(rng, processor, 5, 10), seq_len=256, rows=4, seed=99,
-                          processor=processor)
+    stream = PackedStream(lambda draws: option_drill_document(draws.rng, processor, 5, 10), seq_len=256, rows=4,
+                          seed=99, processor=processor)
     right = total = 0
     with torch.no_grad():
         for i in range(batches):

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from kimi_vl.data.screencast import make_screencast, write_video
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import load_model, render_and_score, run_video2web
 from kimi_vl.quickstart import DEMO_SEED
-from kimi_vl.training.data.screencast import make_screencast, write_video
 
 
 def main() -> None:

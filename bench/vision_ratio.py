@@ -17,7 +17,7 @@ import time
 import torch
 from skills import colour_accuracy
 
-from kimi_vl.training.data.packing import PackedBatch, pretrain_stream
+from kimi_vl.data import PackedBatch, embedded_pretrain_stream
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor
 from kimi_vl.training.trainer import TrainConfig, build_optimizer
@@ -50,9 +50,9 @@ def main() -> None:
     processor = build_processor(preset)
     torch.manual_seed(0)
     model = build_model(preset, processor)
-    stream = pretrain_stream(processor, seed=0, seq_len=preset.seq_len, rows=preset.rows, vision_ratio=args.ratio,
-                             chat_fraction=1.0, video_fraction=0.0, code_fraction=0.0,
-                             text_tasks={"arithmetic": 1.0}, vision_tasks={"color": 1.0})
+    stream = embedded_pretrain_stream(processor, seed=0, seq_len=preset.seq_len, rows=preset.rows,
+                                      vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
+                                      code_fraction=0.0, text_tasks={"arithmetic": 1.0}, vision_tasks={"color": 1.0})
     optimizer = build_optimizer(model, TrainConfig(steps=args.steps, lr=args.lr))
     t0 = time.perf_counter()
     print(f"vision ratio {args.ratio}, lr {args.lr}, image-document loss weight {args.vision_loss_weight}")

@@ -75,8 +75,8 @@ def chance_levels(tasks: list[str], limit: int | None) -> dict[str, float]:
     """Expected accuracy of uniform random guessing on each proxy (multiple choice: 1 / options; free form: 0)."""
     import tempfile
 
+    from .data.world import mathvista_rows, mmlu_pro_rows
     from .eval.proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE, PROXY_SEED
-    from .training.data.world import mathvista_rows, mmlu_pro_rows
 
     out = {}
     if "mmlu_pro_synth" in tasks:
@@ -98,10 +98,10 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     import numpy as np
     from PIL import Image
 
+    from .data.screencast import make_screencast, write_video
     from .demos.render import BrowserNotFoundError, find_chromium
     from .demos.similarity import page_similarity
     from .demos.video2web import run_video2web
-    from .training.data.screencast import make_screencast, write_video
 
     marker = out / "demo" / "done.json"
     if (done := _done(marker)) is not None:

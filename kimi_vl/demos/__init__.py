@@ -5,7 +5,7 @@
 - `kimi_vl.demos.render`: `render_html`, headless-Chromium screenshots.
 - `kimi_vl.demos.similarity`: `page_similarity`, the visual similarity of a page and a video's frames.
 
-The submodules are imported lazily (the pipeline pulls in the model and the training data generator).
+The submodules are imported lazily (the pipeline pulls in the model and the data layer).
 """
 
 from __future__ import annotations

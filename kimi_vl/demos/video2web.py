@@ -11,7 +11,7 @@ Pipeline (`run_video2web`):
    (default `DEFAULT_MAX_VIDEO_TOKENS`); a long video gets fewer, still uniformly spaced, frames (whole chunks of
    `temporal_patch_size` frames). Corrupt, empty or unreadable videos raise `InvalidMediaError`.
 3. Prompt: the processor's chat template with one user turn `[video, SCREENCAST_QUESTION]`
-   (`kimi_vl.training.data.world.SCREENCAST_QUESTION`, the question the training data asks) and the assistant
+   (`kimi_vl.data.world.SCREENCAST_QUESTION`, the question the training data asks) and the assistant
    header;
    the processor expands the video into per-chunk MoonViT-3D media blocks.
 4. Generation: `model.generate` (greedy by default) stops at `</html>` (a stopping criterion on the decoded text),
@@ -38,8 +38,8 @@ from PIL import Image
 from transformers import StoppingCriteria, StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
+from ..data.world import SCREENCAST_QUESTION
 from ..errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
-from ..training.data.world import SCREENCAST_QUESTION
 from ..vision.media import VideoFrames, load_video
 from .html_repair import repair_html
 

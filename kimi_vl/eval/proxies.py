@@ -1,4 +1,4 @@
-"""Offline proxies of the two benchmarks, built from the synthetic world (`kimi_vl.training.data.world`).
+"""Offline proxies of the two benchmarks, built from the synthetic world (`kimi_vl.data.world`).
 
 - `mmlu_pro_synth`: multiple-choice questions in the MMLU-Pro schema (`mmlu_pro_rows`), evaluated exactly like
   MMLU-Pro (same 5-shot CoT prompt with worked examples drawn from a separate seed, same extraction and scoring).
@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..training.data import world
+from ..data import world
 from .mathvista import build_query
 from .mmlu_pro import preprocess
 

@@ -18,7 +18,7 @@ to a format-specific rule (MMLU-Pro's `Answer: X` and last standalone letter for
 numbers, the whole response for OCR, every box in the response for grounding).
 
 Only attributes of `sample` are read (`reward`, `answer`, `choices`, `meta`), so any object with those attributes
-works (`kimi_vl.training.data.world.Sample` in practice).
+works (`kimi_vl.data.world.Sample` in practice).
 
 The token budget (`token_budget`) implements the budget-control part of K2.5's reward: beyond `max_tokens` the
 reward is zeroed (or, with `soft=True`, scaled down linearly to 0 at twice the budget).

@@ -33,17 +33,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
+from ..data.encode import MEDIA_KEYS, encode_prompt, end_token_ids, left_pad, tokenizer_of
 from ..errors import ConfigError, ShapeError
-from ..fusion.chat_template import CHAT_TEMPLATE, render_chat
-from ..fusion.tokenizer import DOC_EOS, IM_END, MEDIA_PAD, VIDEO_PLACEHOLDER
+from ..fusion.tokenizer import MEDIA_PAD, VIDEO_PLACEHOLDER
 from . import rewards as _rewards
-
-MEDIA_KEYS: tuple[str, ...] = ("pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw")
-"""Model inputs that carry media (concatenated over rows in row order)."""
 
 ALGORITHMS: tuple[str, ...] = ("k25", "grpo")
 
@@ -438,81 +434,6 @@ class Rollouts:
         )
 
 
-def _tokenizer(processor: Any) -> Any:
-    return getattr(processor, "tokenizer", processor)
-
-
-def _video_frames(video: Any) -> tuple[Any, dict | None]:
-    """(video input for the processor, its metadata): a `Screencast`-like object (`frames`, `fps`) becomes a
-    `[T, H, W, 3]` uint8 array with `{"fps", "total_num_frames"}`; anything else (a path, an array) is passed as is."""
-    frames = getattr(video, "frames", None)
-    if frames is None:
-        return video, None
-    array = np.stack([np.asarray(f.convert("RGB") if hasattr(f, "convert") else f) for f in frames])
-    fps = getattr(video, "fps", None)
-    return array, {"fps": float(fps) if fps else None, "total_num_frames": len(frames)}
-
-
-def encode_prompt(sample: Any, processor: Any, processor_kwargs: dict | None = None
-                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """`(ids [L], media)` of one sample's prompt: a user turn with the image (if any), the video (if any) and
-    `sample.question`, then the assistant header (the tokenizer's chat template, else Kimi's). Media need a
-    `KimiVLProcessor`; text-only prompts work with a bare tokenizer as well."""
-    tok = _tokenizer(processor)
-    image, video = getattr(sample, "image", None), getattr(sample, "video", None)
-    parts: list[dict[str, Any]] = []
-    if image is not None:
-        parts.append({"type": "image"})
-    if video is not None:
-        parts.append({"type": "video"})
-    parts.append({"type": "text", "text": sample.question})
-    template = getattr(processor, "chat_template", None) or getattr(tok, "chat_template", None) or CHAT_TEMPLATE
-    text = render_chat([{"role": "user", "content": parts}], add_generation_prompt=True, chat_template=template)
-    if image is None and video is None:
-        ids = tok(text, add_special_tokens=False, return_tensors="pt")["input_ids"][0]
-        return ids, {}
-    if processor is tok:
-        raise ConfigError("a sample has an image or a video: pass a KimiVLProcessor (not a bare tokenizer) to rollout.")
-    kwargs = dict(processor_kwargs or {})
-    if video is not None:
-        frames, meta = _video_frames(video)
-        kwargs["videos"] = [frames]
-        if meta is not None:
-            kwargs.setdefault("video_metadata", [meta])
-            kwargs.setdefault("do_sample_frames", False)
-    out = processor(text=[text], images=[image] if image is not None else None, return_tensors="pt", **kwargs)
-    media = {k: out[k] for k in MEDIA_KEYS if k in out and isinstance(out[k], torch.Tensor)}
-    return out["input_ids"][0], media
-
-
-def _end_token_ids(tok: Any) -> list[int]:
-    ids = []
-    for token in (IM_END, DOC_EOS):
-        i = tok.convert_tokens_to_ids(token)
-        if isinstance(i, int) and i != getattr(tok, "unk_token_id", None) and i >= 0:
-            ids.append(i)
-    if tok.eos_token_id is not None and tok.eos_token_id not in ids:
-        ids.append(tok.eos_token_id)
-    if not ids:
-        raise ConfigError("the tokenizer has no end token (<|im_end|>); build it with kimi_vl.fusion.build_tokenizer.")
-    return ids
-
-
-def _left_pad_batch(rows: list[tuple[torch.Tensor, dict]], pad: int, device: torch.device) -> dict[str, torch.Tensor]:
-    width = max(len(ids) for ids, _ in rows)
-    ids = torch.full((len(rows), width), pad, dtype=torch.long)
-    attn = torch.zeros((len(rows), width), dtype=torch.long)
-    for i, (p, _) in enumerate(rows):
-        ids[i, width - len(p):] = p
-        attn[i, width - len(p):] = 1
-    batch = {"input_ids": ids.to(device), "attention_mask": attn.to(device)}
-    for key in MEDIA_KEYS:
-        parts = [m[key] for _, m in rows if key in m]
-        if parts:
-            batch[key] = torch.cat(parts, dim=0).to(device)
-    return batch
-
-
 @contextlib.contextmanager
 def _seeded(seed: int | None, device: torch.device):
     if seed is None:
@@ -578,9 +499,9 @@ def rollout(
         raise ConfigError(f"k={k} and max_new_tokens={max_new_tokens} must both be at least 1.")
     if not samples:
         raise ConfigError("rollout got no samples; pass at least one prompt.")
-    tok = _tokenizer(processor)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else _end_token_ids(tok)[0]
-    ends = _end_token_ids(tok)
+    tok = tokenizer_of(processor)
+    ends = end_token_ids(tok)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else ends[0]
     suppress = tuple(i for i in tok.convert_tokens_to_ids([MEDIA_PAD, VIDEO_PLACEHOLDER])
                      if i is not None and i != tok.unk_token_id)
     device = _model_device(model)
@@ -597,7 +518,7 @@ def rollout(
         with _seeded(seed, device):
             for start in range(0, len(samples), per_call):
                 group = encoded[start : start + per_call]
-                batch = _left_pad_batch([row for row in group for _ in range(k)], pad, device)
+                batch = left_pad([row for row in group for _ in range(k)], pad, device)
                 width = batch["input_ids"].shape[1]
                 out = model.generate(
                     **batch, do_sample=True, temperature=temperature, top_p=top_p, top_k=0,
@@ -770,11 +691,9 @@ def rl_iteration(
 
 __all__ = [
     "ALGORITHMS",
-    "MEDIA_KEYS",
     "RLConfig",
     "Rollouts",
     "clip_mask",
-    "encode_prompt",
     "group_advantages",
     "group_token_weights",
     "grpo_loss",

@@ -20,6 +20,9 @@ from typing import Any
 import torch
 
 from ..configuration import KimiVLConfig
+from ..data import embedded_pretrain_stream, embedded_sft_stream
+from ..data.corpus import tokenizer_texts
+from ..data.world import TEXT_TASKS, VISION_TASKS, make_samples
 from ..errors import CheckpointError, ConfigError
 from ..fusion import build_tokenizer
 from ..modeling import KimiVLForConditionalGeneration
@@ -27,9 +30,6 @@ from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .data.corpus import tokenizer_texts
-from .data.packing import pretrain_stream, sft_stream
-from .data.world import TEXT_TASKS, VISION_TASKS, make_samples
 from .muonclip import MuonClip
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
@@ -120,8 +120,8 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", steps: int | None = N
     torch.manual_seed(seed)
     model = build_model(p, processor)
     stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio, **p.pretrain_data)
-    data = pretrain_stream(processor, seed=seed, **stream)
-    val = pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **{**stream, "drill_batches": 0})
+    data = embedded_pretrain_stream(processor, seed=seed, **stream)
+    val = embedded_pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **{**stream, "drill_batches": 0})
     return _run("pretrain", model, processor, data, val, cfg, out_dir, {"preset": preset, "seed": seed})
 
 
@@ -135,8 +135,8 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     p = get_preset(preset)
     cfg = TrainConfig(**{**p.sft, **overrides, **({"steps": steps} if steps else {}), "progress": progress})
     model, processor = load_checkpoint_dir(from_dir)
-    data = sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed)
-    val = sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed + VAL_SEED_OFFSET)
+    data = embedded_sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed)
+    val = embedded_sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed + VAL_SEED_OFFSET)
     return _run("sft", model, processor, data, val, cfg, out_dir,
                 {"preset": preset, "seed": seed, "from": str(from_dir)})
 

@@ -6,8 +6,8 @@ from html.parser import HTMLParser
 
 import pytest
 
+from kimi_vl.data.screencast import page_html, random_page
 from kimi_vl.demos.html_repair import repair_html
-from kimi_vl.training.data.screencast import page_html, random_page
 
 DOCTYPE = "<!DOCTYPE html>"
 VOID = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link", "meta", "param", "source", "track", "wbr"}

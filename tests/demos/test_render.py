@@ -8,10 +8,10 @@ import time
 import numpy as np
 import pytest
 
+from kimi_vl.data.screencast import make_screencast, render_frame, write_video
 from kimi_vl.demos.render import BrowserError, BrowserNotFoundError, find_chromium, render_html
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.errors import KimiVLError
-from kimi_vl.training.data.screencast import make_screencast, render_frame, write_video
 from kimi_vl.vision.media import load_video
 
 KNOWN_PAGE = """<!DOCTYPE html><html><body style="margin:0;background:#ffffff">

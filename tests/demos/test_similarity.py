@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from kimi_vl.data.screencast import make_screencast, page_height, random_page, render_frame
 from kimi_vl.demos.similarity import colour_layout, image_similarity, page_similarity, ssim, structure
 from kimi_vl.errors import ConfigError
-from kimi_vl.training.data.screencast import make_screencast, page_height, random_page, render_frame
 
 
 def test_terms_on_simple_images():

@@ -10,6 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
+from kimi_vl.data.screencast import make_screencast, write_video
 from kimi_vl.demos.video2web import (
     StopOnText,
     add_video2web_parser,
@@ -20,7 +21,6 @@ from kimi_vl.demos.video2web import (
 )
 from kimi_vl.errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
 from kimi_vl.text import KimiTextConfig
-from kimi_vl.training.data.screencast import make_screencast, write_video
 from tests.demos.conftest import chromium_or_none
 from tests.test_export import tiny_model, tiny_processor
 

@@ -183,7 +183,7 @@ def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
 
 
 def test_proxies_are_labelled(tmp_path, llama_dir):
-    pytest.importorskip("kimi_vl.training.data.world", reason="the synthetic world is not available yet")
+    pytest.importorskip("kimi_vl.data.world", reason="the synthetic world is not available yet")
     out = tmp_path / "out"
     report = runner.evaluate(llama_dir, "proxies", out, limit=4, max_new_tokens=2, batch_size=4, progress=False)
     assert set(report["tasks"]) == {"mmlu_pro_synth", "mathvista_synth"}

@@ -33,7 +33,7 @@ from kimi_vl.training.rewards import (
 
 @dataclass
 class Stub:
-    """Stand-in for `kimi_vl.training.data.world.Sample` (rewards only read these attributes)."""
+    """Stand-in for `kimi_vl.data.world.Sample` (rewards only read these attributes)."""
 
     reward: str
     answer: str
@@ -235,7 +235,7 @@ def test_reward_unknown_kind():
 
 def test_world_target_responses_score_one():
     """The synthetic world's target responses are in the formats the extractors read (every task, several seeds)."""
-    world = pytest.importorskip("kimi_vl.training.data.world")
+    world = pytest.importorskip("kimi_vl.data.world")
     for task in world.ALL_TASKS:
         for seed in range(5):
             sample = world.make_sample(task, random.Random(seed))

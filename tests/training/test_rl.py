@@ -35,7 +35,7 @@ from tests.test_export import tiny_model, tiny_processor
 
 @dataclass
 class Toy:
-    """Stand-in for `kimi_vl.training.data.world.Sample` (RL reads only these attributes)."""
+    """Stand-in for `kimi_vl.data.world.Sample` (RL reads only these attributes)."""
 
     question: str
     answer: str
@@ -49,7 +49,7 @@ class Toy:
 
 @dataclass
 class Clip:
-    """Stand-in for `kimi_vl.training.data.screencast.Screencast`."""
+    """Stand-in for `kimi_vl.data.screencast.Screencast`."""
 
     frames: list
     fps: float = 4.0
@@ -382,7 +382,7 @@ def test_rollout_refuses_media_for_a_text_model():
 
 
 def test_rollout_with_world_samples():
-    world = pytest.importorskip("kimi_vl.training.data.world")
+    world = pytest.importorskip("kimi_vl.data.world")
     proc = tiny_processor()
     model = tiny_model(proc)
     rng = random.Random(0)

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from kimi_vl.errors import ConfigError
-from kimi_vl.training.data.screencast import Screencast
-from kimi_vl.training.data.world import (
+from kimi_vl.data.screencast import Screencast
+from kimi_vl.data.world import (
     ALL_TASKS,
     COLORS,
     LETTERS,
@@ -24,6 +23,7 @@ from kimi_vl.training.data.world import (
     option_lookup,
     sample_rng,
 )
+from kimi_vl.errors import ConfigError
 from kimi_vl.training.rewards import reward
 
 
@@ -259,7 +259,7 @@ def test_bar_max_chart_when_every_bar_is_one():
     PIL refused to draw (`random.Random(25163)` draws three 1s)."""
     import random
 
-    from kimi_vl.training.data.world import _chart
+    from kimi_vl.data.world import _chart
 
     _, _, values, _, _ = _chart(random.Random(25163), "bar", 3, unique_max=True)
     assert min(values) >= 1 and values.count(max(values)) == 1

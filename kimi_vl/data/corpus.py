@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from functools import cache, lru_cache
 from pathlib import Path
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 from .screencast import page_html, random_page
 from .world import SCREENCAST_QUESTION, TEXT_TASKS, VISION_TASKS, make_sample, make_samples, sample_rng, sample_text
 

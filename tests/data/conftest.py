@@ -4,9 +4,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_vl.data.corpus import tokenizer_texts
 from kimi_vl.fusion import build_tokenizer
 from kimi_vl.processing import KimiVLProcessor
-from kimi_vl.training.data.corpus import tokenizer_texts
 from kimi_vl.vision import MoonViTImageProcessor, MoonViTVideoProcessor
 
 _SHARED = (Path(__file__).resolve().parents[3] / ".." / "shared" / "data", Path("/work/shared/data"))

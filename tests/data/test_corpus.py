@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
+from kimi_vl.data.corpus import stdlib_documents, stdlib_paths, tokenizer_texts
 from kimi_vl.errors import ConfigError
 from kimi_vl.fusion.tokenizer import SPECIAL_TOKENS
-from kimi_vl.training.data.corpus import stdlib_documents, stdlib_paths, tokenizer_texts
 
 
 def test_stdlib_paths_sorted_and_filtered():

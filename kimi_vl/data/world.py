@@ -49,7 +49,7 @@ from typing import Any
 
 from PIL import Image, ImageDraw, ImageFont
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 from .screencast import Screencast, make_screencast
 
 COLORS: dict[str, tuple[int, int, int]] = {

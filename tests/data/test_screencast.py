@@ -1,4 +1,4 @@
-"""Synthetic UI screencasts (kimi_vl.training.data.screencast): pages, Pillow frames, mp4 round trip."""
+"""Synthetic UI screencasts (kimi_vl.data.screencast): pages, Pillow frames, mp4 round trip."""
 
 import random
 from html.parser import HTMLParser
@@ -6,8 +6,7 @@ from html.parser import HTMLParser
 import numpy as np
 import pytest
 
-from kimi_vl.errors import ConfigError
-from kimi_vl.training.data.screencast import (
+from kimi_vl.data.screencast import (
     COLORS,
     Screencast,
     layout,
@@ -18,6 +17,7 @@ from kimi_vl.training.data.screencast import (
     render_frame,
     write_video,
 )
+from kimi_vl.errors import ConfigError
 from kimi_vl.vision.media import load_video
 
 

@@ -10,6 +10,16 @@ import time
 import pytest
 import torch
 
+from kimi_vl.data import (
+    Document,
+    PackedStream,
+    encode_chat,
+    encode_sample,
+    encode_text,
+    option_drill_document,
+)
+from kimi_vl.data import embedded_pretrain_stream as pretrain_stream
+from kimi_vl.data.world import make_sample, sample_rng
 from kimi_vl.errors import ConfigError, ShapeError
 from kimi_vl.fusion.tokenizer import (
     BOS,
@@ -20,16 +30,6 @@ from kimi_vl.fusion.tokenizer import (
     MEDIA_START,
 )
 from kimi_vl.text.modeling import causal_lm_loss
-from kimi_vl.training.data.packing import (
-    Document,
-    PackedStream,
-    encode_chat,
-    encode_sample,
-    encode_text,
-    option_drill_document,
-    pretrain_stream,
-)
-from kimi_vl.training.data.world import make_sample, sample_rng
 
 SEQ, ROWS = 256, 4
 
@@ -226,7 +226,7 @@ def test_to_and_model_inputs(batches):
 
 # ----------------------------------------------------------------------------------------------------- packing rules
 def _fixed(n, splittable=False, token=100):
-    return lambda rng: Document([token] * n, [token] * n, splittable=splittable)
+    return lambda draws: Document([token] * n, [token] * n, splittable=splittable)
 
 
 def test_whole_documents_go_to_the_next_row_and_leave_padding():
@@ -247,15 +247,15 @@ def test_splittable_documents_fill_rows():
 
 def test_long_documents_are_cut_at_row_starts():
     lengths = itertools.chain([50, 600], itertools.repeat(10))
-    s = PackedStream(lambda rng: _fixed(next(lengths))(rng), seq_len=256, rows=4, seed=0, max_misses=0)
+    s = PackedStream(lambda draws: _fixed(next(lengths))(draws), seq_len=256, rows=4, seed=0, max_misses=0)
     b = s.batch(0)
     # 50 + pad, then 600 = 256 + 256 + 88 from a row start, then the 10-token documents
     assert b.cu_seqlens.tolist()[:7] == [0, 50, 256, 512, 768, 856, 866]
 
 
 def test_gap_filling_draws_fit_shorter_documents():
-    def doc(rng):
-        n = rng.choice((40, 200))
+    def doc(draws):
+        n = draws.rng.choice((40, 200))
         return Document([7] * n, [7] * n)
 
     tight = PackedStream(doc, seq_len=256, rows=8, seed=0, max_misses=4).batch(0)
@@ -263,13 +263,24 @@ def test_gap_filling_draws_fit_shorter_documents():
     assert tight.num_pad_tokens < loose.num_pad_tokens
 
 
-def test_a_cut_inside_media_is_refused(proc):
+def test_a_cut_never_falls_inside_media(proc):
+    """A long document whose row cut would fall inside its image block ends its piece before the block (the rest
+    of the row is padding) and continues with the whole block at the next row start; a block longer than a row
+    is refused."""
     doc = encode_sample(make_sample("count", sample_rng(0, 1)), proc, chat=False)
-    n_img = doc.input_ids.count(proc.image_token_id)
-    start = doc.input_ids.index(proc.image_token_id)
-    s = PackedStream(lambda rng: doc, seq_len=start + n_img // 2, rows=2, seed=0, processor=proc)
-    with pytest.raises(ConfigError, match="inside the placeholders of an image"):
-        s.batch(0)
+    media_start = doc.input_ids.index(tid(proc, MEDIA_START))
+    block = doc.input_ids.index(tid(proc, MEDIA_END)) + 1 - media_start
+    seq_len = block - 1  # after [BOS] the first row would end before the image's last placeholder
+    b = PackedStream(lambda draws: doc, seq_len=seq_len, rows=3, seed=0, processor=proc).batch(0)
+    rows = b.input_ids.view(3, seq_len)
+    pad = proc.tokenizer.pad_token_id
+    assert rows[0, :media_start].tolist() == doc.input_ids[:media_start]
+    assert (rows[0, media_start:] == pad).all() and (b.labels.view(3, seq_len)[0, media_start:] == -100).all()
+    assert rows[1].tolist() == doc.input_ids[media_start: media_start + seq_len]  # the block, from a row start
+    assert seq_len in b.cu_seqlens.tolist() and media_start in b.cu_seqlens.tolist()
+    assert int((b.input_ids == proc.image_token_id).sum()) == int(b.image_grid_thw.prod(-1).sum()) // 4
+    with pytest.raises(ConfigError, match="does not fit in a row"):
+        PackedStream(lambda draws: doc, seq_len=block - 2, rows=2, seed=0, processor=proc).batch(0)
 
 
 def test_bad_arguments(proc):

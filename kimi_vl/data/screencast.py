@@ -19,7 +19,7 @@ Layout (CSS pixels, viewport width `W`; the body has `margin:0`, so vertical mar
 - button: `x = 4 .. 4 + button_width`, height 20, preceded by an 8 px gap (an inline-block: its 4 px margin does not
   collapse with the section's); the document ends 4 px below it.
 
-This module imports nothing from the rest of `kimi_vl.training.data`.
+This module imports nothing from the rest of `kimi_vl.data`.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
-from ...errors import ConfigError
+from ..errors import ConfigError
 
 __all__ = [
     "COLORS",

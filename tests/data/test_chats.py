@@ -4,9 +4,9 @@ import re
 
 import pytest
 
+from kimi_vl.data import assistant_mask, embedded_sft_stream, encode_chat
+from kimi_vl.data.chats import CODE_REQUEST, sft_conversations
 from kimi_vl.fusion.tokenizer import IM_ASSISTANT, IM_END, IM_MIDDLE, IM_SYSTEM, IM_USER, MEDIA_START
-from kimi_vl.training.data.packing import assistant_mask, encode_chat, sft_stream
-from kimi_vl.training.data.sft import CODE_REQUEST, sft_conversations
 
 SEQ, ROWS = 256, 4
 
@@ -73,7 +73,7 @@ def test_assistant_mask_state_machine(proc):
 
 
 def test_sft_stream_is_zero_vision_and_masked(proc):
-    stream = sft_stream(proc, SEQ, ROWS, seed=0)
+    stream = embedded_sft_stream(proc, seq_len=SEQ, rows=ROWS, seed=0)
     tok = proc.tokenizer
     user, system, end = (tok.convert_tokens_to_ids(t) for t in (IM_USER, IM_SYSTEM, IM_END))
     for i in range(3):
@@ -90,7 +90,7 @@ def test_sft_stream_is_zero_vision_and_masked(proc):
                 assert labels[a:e] == [t if m else -100 for t, m in zip(ids[a:e], mask)]
                 checked += 1
         assert checked >= 3
-    assert stream.batch(1).input_ids.equal(sft_stream(proc, SEQ, ROWS, seed=0).batch(1).input_ids)
+    assert stream.batch(1).input_ids.equal(embedded_sft_stream(proc, seq_len=SEQ, rows=ROWS, seed=0).batch(1).input_ids)
     # gap filling keeps the padding low
     pads = [stream.batch(i).num_pad_tokens / (SEQ * ROWS) for i in range(3)]
     assert sum(pads) / 3 < 0.2, pads

@@ -1,0 +1,171 @@
+"""The embedded default data as packed streams: the standard library corpus and the synthetic world, needing no
+download. `embedded_pretrain_stream` (joint text-vision pre-training at a constant vision ratio, with the optional
+option-letter drill warm-up) and `embedded_sft_stream` (zero-vision SFT chats) are what every stage trains on
+without `--data`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import ConfigError
+from ..fusion.tokenizer import BOS, DOC_EOS, MEDIA_PAD, VIDEO_PLACEHOLDER
+from .chats import sft_conversation
+from .corpus import stdlib_window
+from .encode import (
+    IGNORE_INDEX,
+    Document,
+    encode_chat,
+    encode_sample,
+    plain_ids,
+    special_ids,
+    tokenizer_of,
+)
+from .pack import BatchDraws, PackedStream, WarmupStream
+from .world import LETTERS, TEXT_TASKS, VIDEO_TASKS, VISION_TASKS, make_sample, option_lookup, options_block
+
+
+def stdlib_document(rng: random.Random, tokenizer: Any, num_chars: int) -> Document:
+    """A splittable document from a random standard library excerpt of about `num_chars` characters: `[BOS]`
+    excerpt, plus `[EOS]` when the excerpt reaches the end of its file."""
+    text, at_end = stdlib_window(rng, num_chars)
+    bos, eos = special_ids(tokenizer, (BOS, DOC_EOS))
+    ids = [bos, *plain_ids(tokenizer, text)] + ([eos] if at_end else [])
+    return Document(ids, [IGNORE_INDEX, *ids[1:]], splittable=True)
+
+
+def _task_picker(tasks: tuple[str, ...], weights: dict[str, float] | None, name: str
+                 ) -> Callable[[random.Random], str]:
+    """`rng -> task`: uniform over `tasks` (`rng.choice`) when `weights` is None, else drawn with `weights` (tasks
+    left out have weight 0)."""
+    if weights is None:
+        return lambda rng: rng.choice(tasks)
+    unknown = sorted(set(weights) - set(tasks))
+    if unknown or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
+        raise ConfigError(f"{name} must map some of {', '.join(tasks)} to weights >= 0 with a positive sum; got "
+                          f"{weights!r}.")
+    names = [t for t in tasks if weights.get(t, 0) > 0]
+    cumulative = list(itertools.accumulate(weights[t] for t in names))
+    return lambda rng: rng.choices(names, cum_weights=cumulative)[0]
+
+
+def option_drill_document(rng: random.Random, processor: Any, lookups: int = 3, min_options: int = 10) -> Document:
+    """The option-letter drill in its barest form: the options of a world `mc` question (its first k, k drawn in
+    `min_options .. 10`: fewer options make an easier start), then `lookups` of them (distinct, random order) as
+    "The option 42 is (C)." sentences, with the loss on the looked-up letters only (everything else is a random
+    draw or a copy; the letter is the one thing to learn). Not splittable.
+
+    `[BOS]Options:\nA. ...\nJ. ...\nThe option 42 is (C). The option red is (A). ...[EOS]`
+    """
+    tok = tokenizer_of(processor)
+    bos, eos = special_ids(tok, (BOS, DOC_EOS))
+    options = make_sample("mc", rng).choices or []
+    if min_options < len(options):  # fewer options: an easier start for the drill
+        options = options[: rng.randint(min_options, len(options))]
+    picks = rng.sample(range(len(options)), min(lookups, len(options)))
+    ids = [bos] + tok(options_block(options) + "\n", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    labels = [IGNORE_INDEX] * len(ids)
+    close = tok(").", add_special_tokens=False)["input_ids"]
+    for k, i in enumerate(picks):
+        sentence = option_lookup(options[i], LETTERS[i])  # "The option 42 is (C).": the letter is the target
+        query = tok(("" if k == 0 else " ") + sentence[: sentence.rindex("(") + 1], add_special_tokens=False,
+                    split_special_tokens=True)["input_ids"]
+        letter = tok(LETTERS[i], add_special_tokens=False)["input_ids"]
+        ids += query + letter + close
+        labels += [IGNORE_INDEX] * len(query) + letter + [IGNORE_INDEX] * len(close)
+    ids.append(eos)
+    labels.append(IGNORE_INDEX)
+    return Document(ids, labels)
+
+
+def embedded_pretrain_stream(
+    processor: Any,
+    *,
+    seq_len: int,
+    rows: int,
+    seed: int,
+    vision_ratio: float = 0.25,
+    video_fraction: float = 0.1,
+    chat_fraction: float = 0.25,
+    code_fraction: float = 0.5,
+    text_chat_fraction: float = 0.0,
+    text_tasks: dict[str, float] | None = None,
+    vision_tasks: dict[str, float] | None = None,
+    drill_batches: int = 0,
+    drill_lookups: int = 5,
+    drill_min_options: int = 3,
+) -> PackedStream | WarmupStream:
+    """The joint text-vision pre-training stream (embedded data only).
+
+    Text documents: with probability `code_fraction` a standard library excerpt (about `4 * seq_len`
+    characters), else a world text sample (`TEXT_TASKS`, drawn with the weights `text_tasks`, uniformly when
+    None), in chat form with probability `text_chat_fraction` (loss on the reply; not splittable) else in
+    pre-training form (splittable). Vision documents: a world sample with media: a screencast with
+    probability `video_fraction`, else an image task (`VISION_TASKS`, weights `vision_tasks`, uniform when None),
+    in chat form with probability `chat_fraction` (loss on the reply) else in pre-training form (loss on the text
+    after the media). `vision_ratio` of every batch's tokens are vision tokens.
+
+    With `drill_batches > 0` the stream is a `WarmupStream`: in its first `drill_batches` batches every text
+    document is an option-letter drill (`option_drill_document` with `drill_lookups` lookups among
+    `drill_min_options` to 10 options), and the vision documents are image tasks in chat form (loss on their short
+    replies only, no screencasts), at the same vision ratio. Finding an option's letter from its value is the last
+    step of every multiple-choice answer; in the mixture alone a tiny model does not learn it within the
+    quickstart's minutes (its letters are a few tokens among many), after the drill it keeps the skill and applies
+    it to the mixture's questions.
+    """
+    for name, value in (("video_fraction", video_fraction), ("chat_fraction", chat_fraction),
+                        ("code_fraction", code_fraction), ("text_chat_fraction", text_chat_fraction)):
+        if not 0.0 <= value <= 1.0:
+            raise ConfigError(f"{name} must be in [0, 1], got {value}.")
+    pick_text = _task_picker(TEXT_TASKS, text_tasks, "text_tasks")
+    pick_vision = _task_picker(VISION_TASKS, vision_tasks, "vision_tasks")
+
+    def text_doc(draws: BatchDraws) -> Document:
+        rng = draws.rng
+        if rng.random() < code_fraction:
+            return stdlib_document(rng, processor, 4 * seq_len)
+        sample = make_sample(pick_text(rng), rng)
+        return encode_sample(sample, processor, chat=text_chat_fraction > 0 and rng.random() < text_chat_fraction)
+
+    def vision_doc(draws: BatchDraws) -> Document:
+        rng = draws.rng
+        task = rng.choice(VIDEO_TASKS) if rng.random() < video_fraction else pick_vision(rng)
+        chat = rng.random() < chat_fraction
+        return encode_sample(make_sample(task, rng), processor, chat=chat)
+
+    main = PackedStream(text_doc, seq_len=seq_len, rows=rows, seed=seed, vision_ratio=vision_ratio,
+                        vision_documents=vision_doc, processor=processor)
+    if drill_batches < 0 or drill_lookups < 1:
+        raise ConfigError(f"drill_batches must be >= 0 and drill_lookups >= 1, got {drill_batches}, {drill_lookups}.")
+    if not drill_batches:
+        return main
+
+    def drill_vision_doc(draws: BatchDraws) -> Document:  # short replies: the letters keep their share of the loss
+        return encode_sample(make_sample(pick_vision(draws.rng), draws.rng), processor, chat=True)
+
+    drill = PackedStream(lambda draws: option_drill_document(draws.rng, processor, drill_lookups, drill_min_options),
+                         seq_len=seq_len, rows=rows, seed=seed, vision_ratio=vision_ratio,
+                         vision_documents=drill_vision_doc, processor=processor, max_misses=6)
+    return WarmupStream(drill, main, drill_batches)
+
+
+def embedded_sft_stream(processor: Any, *, seq_len: int, rows: int, seed: int = 0, max_misses: int = 6
+                        ) -> PackedStream:
+    """The zero-vision SFT stream: text-only conversations (`chats.sft_conversation`) packed whole, loss on the
+    assistant turns only. Never holds a media token (`ConfigError` if a conversation would). `max_misses`
+    conversations may be drawn per row to fill its gap before the gap is padded."""
+    image_id, video_id = special_ids(processor, (MEDIA_PAD, VIDEO_PLACEHOLDER))
+
+    def chat_doc(draws: BatchDraws) -> Document:
+        doc = encode_chat(sft_conversation(draws.rng), processor)
+        if doc.media or image_id in doc.input_ids or video_id in doc.input_ids:
+            raise ConfigError("a zero-vision SFT conversation produced media tokens; SFT data must be text only.")
+        return doc
+
+    return PackedStream(chat_doc, seq_len=seq_len, rows=rows, seed=seed, processor=processor, max_misses=max_misses)
+
+
+__all__ = ["embedded_pretrain_stream", "embedded_sft_stream", "option_drill_document", "stdlib_document"]
