@@ -56,9 +56,10 @@ def tiny_text_corpus() -> tuple[dict, object, object]:
     from kimi_vl.training.stages import build_processor
 
     preset = get_preset("tiny")
-    proc = build_processor(preset)
+    data = preset.data["pretrain"]
+    proc = build_processor(data)
     tok = proc.tokenizer
     ids = dict(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                eos_token_id=tok.eos_token_id)
-    stream = dict(seq_len=preset.seq_len, rows=preset.rows, vision_ratio=0.0)
+    stream = dict(seq_len=data.seq_len, rows=data.rows, vision_ratio=0.0)
     return ids, embedded_pretrain_stream(proc, seed=0, **stream), embedded_pretrain_stream(proc, seed=10**6, **stream)

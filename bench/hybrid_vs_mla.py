@@ -37,14 +37,14 @@ def main() -> None:
         for name, layer_types in layouts.items():
             torch.manual_seed(seed)
             model = KimiTextForCausalLM(KimiTextConfig(**ids, layer_types=layer_types, **preset.text))
-            cfg = TrainConfig(steps=args.steps, lr=preset.pretrain["lr"], warmup_steps=20, val_batches=8,
+            cfg = TrainConfig(steps=args.steps, lr=preset.stages["pretrain"].lr, warmup_steps=20, val_batches=8,
                               checkpoint_every=10**9, progress=False)
             with tempfile.TemporaryDirectory() as tmp:
                 Trainer(model, data, cfg, tmp, val_data=val).train()
                 losses[name].append(read_metrics(Path(tmp) / "metrics.jsonl")[-1]["val_loss"])
             print(f"seed {seed} {name}: validation loss {losses[name][-1]:.4f}", flush=True)
     deltas = [a - b for a, b in zip(losses["hybrid 3:1"], losses["all-MLA"])]
-    tokens = args.steps * preset.rows * preset.seq_len
+    tokens = args.steps * preset.data["pretrain"].rows * preset.data["pretrain"].seq_len
     print(f"after {tokens} tokens: hybrid {statistics.fmean(losses['hybrid 3:1']):.4f}, all-MLA "
           f"{statistics.fmean(losses['all-MLA']):.4f}; hybrid - all-MLA = {statistics.fmean(deltas):+.4f} "
           f"(per seed {', '.join(f'{d:+.4f}' for d in deltas)})")

@@ -47,10 +47,11 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50)
     args = ap.parse_args()
     preset = get_preset("tiny")
-    processor = build_processor(preset)
+    data = preset.data["pretrain"]
+    processor = build_processor(data)
     torch.manual_seed(0)
     model = build_model(preset, processor)
-    stream = embedded_pretrain_stream(processor, seed=0, seq_len=preset.seq_len, rows=preset.rows,
+    stream = embedded_pretrain_stream(processor, seed=0, seq_len=data.seq_len, rows=data.rows,
                                       vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
                                       code_fraction=0.0, text_tasks={"arithmetic": 1.0}, vision_tasks={"color": 1.0})
     optimizer = build_optimizer(model, TrainConfig(steps=args.steps, lr=args.lr))

@@ -29,23 +29,21 @@ def _export(args: argparse.Namespace) -> None:
     print(f"wrote {export_remote_code(args.model_dir, args.out_dir)}")
 
 
-def _pretrain(args: argparse.Namespace) -> None:
-    from .training.stages import pretrain
+def _train(args: argparse.Namespace) -> None:
+    from .training import stages
+    from .training.config import load_config_file, stage_overrides
 
-    print(f"wrote {pretrain(args.out, preset=args.preset, steps=args.steps, seed=args.seed)}")
-
-
-def _sft(args: argparse.Namespace) -> None:
-    from .training.stages import sft
-
-    print(f"wrote {sft(args.from_dir, args.out, steps=args.steps, seed=args.seed)}")
-
-
-def _rl(args: argparse.Namespace) -> None:
-    from .training.stages import rl
-
-    tasks = tuple(t.strip() for t in args.tasks.split(",") if t.strip())
-    out = rl(args.from_dir, args.out, tasks=tasks, steps=args.steps, seed=args.seed, algorithm=args.algorithm)
+    settings = load_config_file(args.config) if args.config else {}
+    preset = args.preset or settings.pop("preset", None)
+    seed = args.seed if args.seed is not None else int(settings.pop("seed", 0))
+    settings.pop("preset", None)
+    settings.pop("seed", None)
+    settings.update(stage_overrides(args, args.stage))
+    if args.stage == "pretrain":
+        out = stages.pretrain(args.out, preset=preset or "tiny", seed=seed, **settings)
+    else:
+        run = stages.sft if args.stage == "sft" else stages.rl
+        out = run(args.from_dir, args.out, preset=preset, seed=seed, **settings)
     print(f"wrote {out}")
 
 
@@ -57,23 +55,70 @@ def _ablate(args: argparse.Namespace) -> None:
     print((Path(args.out) / "ablation.md").read_text())
 
 
+STAGE_HELP = {
+    "pretrain": "joint text-vision pre-training from scratch: on the embedded data, or on --data (documents and "
+                "chats; a BPE tokenizer is trained on them unless --tokenizer)",
+    "sft": "SFT from a checkpoint: zero-vision (text-only chats) on the embedded data, or on --data (chats)",
+    "rl": "joint text-vision RL (K2.5 objective, verifiable rewards) from a checkpoint: on the synthetic world's "
+          "tasks, or on --data (verl / EasyR1 prompt rows)",
+}
+
+
 def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
+    from .training.config import add_stage_options
+
     train = sub.add_parser("train", help="training stages (each writes a Hugging Face checkpoint directory and "
                            "resumes from its last checkpoint when rerun)")
     stages = train.add_subparsers(dest="stage", required=True)
-    pre = stages.add_parser("pretrain", help="joint text-vision pre-training from scratch on the embedded corpus")
-    pre.add_argument("--preset", default="tiny", help="model/data/schedule preset: tiny (CPU) or small (one GPU)")
-    sft = stages.add_parser("sft", help="zero-vision SFT (text-only chats) from a checkpoint")
-    sft.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from")
-    rl = stages.add_parser("rl", help="joint text-vision RL (K2.5 objective, verifiable rewards) from a checkpoint")
-    rl.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from (SFT)")
-    rl.add_argument("--tasks", default="text,vision", help="task families: text, vision or text,vision")
-    rl.add_argument("--algorithm", choices=["k25", "grpo"], default="k25")
-    for stage, func in ((pre, _pretrain), (sft, _sft), (rl, _rl)):
-        stage.add_argument("--out", required=True, help="output checkpoint directory")
-        stage.add_argument("--steps", type=int, default=None, help="optimizer steps (default: the preset's)")
-        stage.add_argument("--seed", type=int, default=0)
-        stage.set_defaults(func=func)
+    for stage, help_text in STAGE_HELP.items():
+        p = stages.add_parser(stage, help=help_text, description=help_text + ". Every setting below can also come "
+                              "from --config FILE (YAML or JSON, the same names); the resolved configuration is "
+                              "written to OUT/run_config.json.")
+        if stage != "pretrain":
+            p.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from")
+        p.add_argument("--out", required=True, help="output checkpoint directory")
+        p.add_argument("--preset", default=None, help="model/data/schedule preset: tiny (CPU) or small (one GPU); "
+                       "default: tiny (pretrain), the checkpoint's preset (sft, rl)")
+        p.add_argument("--config", default=None, help="YAML or JSON file of settings (options override it)")
+        p.add_argument("--seed", type=int, default=None)
+        add_stage_options(p, stage)
+        p.set_defaults(func=_train)
+
+
+def _data_check(args: argparse.Namespace) -> int:
+    from .data.check import check, format_report
+
+    processor = None
+    if args.tokenizer:
+        from .data.config import DataConfig
+        from .processing import KimiVLProcessor
+        from .training.stages import build_processor
+
+        folder = Path(args.tokenizer)
+        processor = (KimiVLProcessor.from_pretrained(folder) if (folder / "processor_config.json").is_file()
+                     else build_processor(DataConfig(tokenizer=args.tokenizer)))
+    reports = check(args.sources, fmt=args.format, media_root=args.media_root, reward=args.reward,
+                    processor=processor, progress=args.progress)
+    print(format_report(reports))
+    return 1 if any(r.bad for r in reports) else 0
+
+
+def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
+    from .data.formats import REWARD_CHOICES
+
+    data = sub.add_parser("data", help="data tools")
+    tools = data.add_subparsers(dest="tool", required=True)
+    chk = tools.add_parser("check", help="read every record as training would and report per-source counts and "
+                           "every bad record (FILE:ROW: reason); exit status 1 when a record is bad")
+    chk.add_argument("sources", nargs="+", metavar="SRC",
+                     help="a file, a folder, a glob or hf:ORG/NAME[:CONFIG][@SPLIT]")
+    chk.add_argument("--format", default="auto", help="record schema of every source (default: detected)")
+    chk.add_argument("--media-root", default=None, help="folder relative media paths are read from")
+    chk.add_argument("--reward", choices=REWARD_CHOICES, default=None, help="RL reward of every prompt row")
+    chk.add_argument("--tokenizer", default=None, help="a checkpoint or tokenizer folder: count tokens exactly "
+                     "(default: an estimate)")
+    chk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    chk.set_defaults(func=_data_check)
 
 
 def _quickstart(args: argparse.Namespace) -> None:
@@ -116,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.add_argument("out_dir", help="destination directory (may be model_dir itself)")
     export.set_defaults(func=_export)
     _add_train_parsers(sub)
+    _add_data_parsers(sub)
     from .eval.runner import add_eval_arguments, run_eval_from_args
 
     ev = sub.add_parser("eval", help="MMLU-Pro / MathVista (official protocols) and their offline proxies")
@@ -142,11 +188,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        args.func(args)
+        return int(args.func(args) or 0)
     except KimiVLError as e:
         print(f"kimi-vl: error: {e}", file=sys.stderr)
         return 2
-    return 0
 
 
 if __name__ == "__main__":

@@ -29,3 +29,21 @@ class TrainingDivergedError(KimiVLError, RuntimeError):
 class DataUnavailableError(KimiVLError, OSError):
     """Benchmark data could not be loaded from the hub or from the given local directory; the message says
     which files are expected where."""
+
+
+class DataError(KimiVLError, ValueError):
+    """Training data cannot be used: a source that cannot be read, too many bad records in a row, a bad record
+    under `--strict`, or data that changed since the run's checkpoint."""
+
+
+class BadRecordError(DataError):
+    """One record of a data source is unusable. `reason` says why, `file` and `row` where (when known); the
+    message is `FILE:ROW: reason`."""
+
+    def __init__(self, reason: str, file: str | None = None, row: int | str | None = None) -> None:
+        self.reason, self.file, self.row = reason, file, row
+        where = f"{file}:{row}: " if file is not None and row is not None else f"{file}: " if file else ""
+        super().__init__(where + reason)
+
+    def __reduce__(self):  # picklable across data-loader worker processes
+        return (type(self), (self.reason, self.file, self.row))

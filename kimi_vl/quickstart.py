@@ -150,12 +150,13 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
         bar.set_description(f"quickstart [{stage}]")
         t0 = time.perf_counter()
         if stage == "pretrain":
-            pretrain(out / "pretrain", preset=preset, steps=_scaled(p.pretrain["steps"], scale), seed=seed,
+            pretrain(out / "pretrain", preset=preset, steps=_scaled(p.stages["pretrain"].steps, scale), seed=seed,
                      progress=progress)
         elif stage == "sft":
-            sft(out / "pretrain", out / "sft", steps=_scaled(p.sft["steps"], scale), seed=seed, progress=progress)
+            sft(out / "pretrain", out / "sft", steps=_scaled(p.stages["sft"].steps, scale), seed=seed,
+                progress=progress)
         elif stage == "rl":
-            rl(out / "sft", out / "rl", tasks=("text", "vision"), steps=_scaled(p.rl["steps"], scale), seed=seed,
+            rl(out / "sft", out / "rl", tasks=["text", "vision"], steps=_scaled(p.stages["rl"].steps, scale), seed=seed,
                progress=progress)
         elif stage == "eval":
             run_eval(out, data_dir, eval_limit, progress)

@@ -58,7 +58,8 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     for seed in range(seeds):
         for arm, families in ARMS.items():
             run_dir = out_dir / f"{arm.replace('+', '_')}_seed{seed}"
-            rl(sft_dir, run_dir / "model", tasks=families, steps=steps, seed=seed, progress=progress)
+            rl(sft_dir, run_dir / "model", tasks=list(families), seed=seed, progress=progress,
+               **({} if steps is None else {"steps": steps}))
             report = evaluate(run_dir / "model", list(tasks), run_dir / "eval", data_dir=data_dir, limit=limit,
                               progress=progress, **eval_options)
             for t in tasks:

@@ -1,79 +1,99 @@
-"""Model + data + schedule presets: `tiny` (2 CPU cores, minutes; what `kimi-vl quickstart` trains) and `small`
-(the single-GPU recipe). Each stage (`pretrain`, `sft`, `rl`) reads its step count and learning rate from here."""
+"""Model + training + data presets: `tiny` (2 CPU cores, minutes; what `kimi-vl quickstart` trains) and `small` (the
+single-GPU recipe). A preset holds typed settings per stage (`TrainConfig`, `DataConfig`, and `RLConfig` for RL);
+`kimi_vl.training.config.resolve` applies a run's overrides to them."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from ..data.config import DataConfig
 from ..errors import ConfigError
+from .rl import RLConfig
+from .trainer import TrainConfig
 
 
 @dataclass(frozen=True)
 class Preset:
-    """Everything a stage needs to build the tokenizer, processor, model and data of one model size."""
+    """Everything the stages need for one model size.
+
+    Attributes:
+        name, description: the preset's name and what it is for.
+        text: `KimiTextConfig` fields (the vocabulary and special-token ids come from the tokenizer).
+        vision: `MoonViTConfig` fields.
+        stages: the `TrainConfig` of each stage (`pretrain`, `sft`, `rl`).
+        data: the `DataConfig` of each stage.
+        rl_algorithm: the RL stage's `RLConfig`.
+    """
 
     name: str
     description: str
-    vocab_size: int
     text: dict[str, Any]
     vision: dict[str, Any]
-    image_max_patches: int
-    video_max_patches: int
-    video_fps: float
-    seq_len: int
-    rows: int                  # packed rows of seq_len per micro-batch
-    vision_ratio: float        # fraction of pre-training tokens that are vision tokens, constant from step one
-    pretrain_data: dict[str, Any] = field(default_factory=dict)  # pretrain_stream mixture overrides
-    pretrain: dict[str, Any] = field(default_factory=dict)   # TrainConfig overrides
-    sft: dict[str, Any] = field(default_factory=dict)
-    rl: dict[str, Any] = field(default_factory=dict)         # RLConfig overrides + "steps", "prompts_per_step"
-    tokenizer_texts: int = 4000
+    stages: dict[str, TrainConfig]
+    data: dict[str, DataConfig]
+    rl_algorithm: RLConfig
 
+
+_TINY_PACKING = dict(seq_len=256, rows=4)
+_TINY_MEDIA = dict(vocab_size=1536, tokenizer_texts=4000, image_max_patches=64, video_max_patches=64, video_fps=4.0)
+_SMALL_PACKING = dict(seq_len=4096, rows=16)
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
         name="tiny",
         description="~1.4M parameters; the quickstart model (2 CPU cores, minutes)",
-        vocab_size=1536,
         text=dict(hidden_size=128, intermediate_size=192, moe_intermediate_size=72, num_hidden_layers=4,
                   num_attention_heads=2, kv_lora_rank=32, qk_rope_head_dim=8, qk_nope_head_dim=16, v_head_dim=16,
                   num_experts=4, num_experts_per_tok=2, kda_head_dim=16, kda_num_heads=8, attnres_block_size=2),
         vision=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=2, intermediate_size=128,
                     pos_emb_height=16, pos_emb_width=16),
-        image_max_patches=64, video_max_patches=64, video_fps=4.0,
-        seq_len=256, rows=4, vision_ratio=0.1,
+        stages={
+            "pretrain": TrainConfig(steps=1100, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=275),
+            "sft": TrainConfig(steps=500, lr=2e-3, warmup_steps=10, checkpoint_every=100),
+            "rl": TrainConfig(steps=20, lr=2e-4, weight_decay=0.0, checkpoint_every=10),
+        },
         # 10% vision tokens, K2.5's early-fusion ablation winner (10:90): with their questions and replies the
         # image documents still fill about 30% of a batch (40% in the drill phase; at 25% vision: 63% and 91%).
         # The world's questions dominate the text (the proxies' skills: facts, reading the question, finding an
         # option's letter), half of them as chats (loss on the answer only); the image tasks the MathVista proxy
         # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
-        # more of them per batch. The first 450 batches' text is the option-letter drill (see `pretrain_stream`).
-        pretrain_data=dict(code_fraction=0.05, chat_fraction=0.5, text_chat_fraction=0.5,
-                           text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
-                           vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,
-                                         "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5},
-                           drill_batches=450, drill_lookups=10),
-        pretrain=dict(steps=1100, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=275),
-        sft=dict(steps=500, lr=2e-3, warmup_steps=10, checkpoint_every=100),
-        rl=dict(steps=20, prompts_per_step=8, k=4, max_new_tokens=40, lr=2e-4),
+        # more of them per batch. The first 450 batches' text is the option-letter drill (see
+        # `embedded_pretrain_stream`).
+        data={
+            "pretrain": DataConfig(**_TINY_PACKING, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
+                                   chat_fraction=0.5, text_chat_fraction=0.5,
+                                   text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
+                                   vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,
+                                                 "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5},
+                                   drill_batches=450, drill_lookups=10),
+            "sft": DataConfig(**_TINY_PACKING),
+            "rl": DataConfig(prompts_per_step=8),
+        },
+        rl_algorithm=RLConfig(k=4, max_new_tokens=40),
     ),
     "small": Preset(
         name="small",
         description="~400M total parameters (16 experts, top-2); the single-GPU recipe (bf16, one 80 GB GPU)",
-        vocab_size=32768,
         text=dict(hidden_size=768, intermediate_size=2048, moe_intermediate_size=512, num_hidden_layers=16,
                   num_attention_heads=12, kv_lora_rank=256, qk_rope_head_dim=32, qk_nope_head_dim=64,
                   v_head_dim=64, num_experts=16, num_experts_per_tok=2, num_shared_experts=1, kda_head_dim=64,
                   kda_num_heads=12, first_k_dense=1),
         vision=dict(hidden_size=384, num_attention_heads=6, num_hidden_layers=8, intermediate_size=1536,
                     pos_emb_height=64, pos_emb_width=64),
-        image_max_patches=1024, video_max_patches=2048, video_fps=2.0,
-        seq_len=4096, rows=16, vision_ratio=0.25, tokenizer_texts=200_000,
-        pretrain=dict(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=2, checkpoint_every=1000,
-                      val_every=1000),
-        sft=dict(steps=2000, lr=5e-4, warmup_steps=100, checkpoint_every=500),
-        rl=dict(steps=500, prompts_per_step=64, k=8, max_new_tokens=512, lr=1e-5),
+        stages={
+            "pretrain": TrainConfig(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=2, checkpoint_every=1000,
+                                    val_every=1000),
+            "sft": TrainConfig(steps=2000, lr=5e-4, warmup_steps=100, checkpoint_every=500),
+            "rl": TrainConfig(steps=500, lr=1e-5, weight_decay=0.0, checkpoint_every=50),
+        },
+        data={
+            "pretrain": DataConfig(**_SMALL_PACKING, vocab_size=32768, tokenizer_texts=200_000, image_max_patches=1024,
+                                   video_max_patches=2048, video_fps=2.0, vision_ratio=0.25, num_workers=4),
+            "sft": DataConfig(**_SMALL_PACKING, num_workers=4),
+            "rl": DataConfig(prompts_per_step=64),
+        },
+        rl_algorithm=RLConfig(k=8, max_new_tokens=512),
     ),
 }
 

@@ -30,7 +30,7 @@ import inspect
 import math
 from collections import defaultdict
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -112,15 +112,6 @@ class RLConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be at least 1.")
         if self.token_budget is not None and self.token_budget < 1:
             raise ConfigError(f"token_budget={self.token_budget} must be a positive token count or None.")
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> RLConfig:
-        """Build from a dict, refusing unknown keys (with the known ones in the message)."""
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ConfigError(f"unknown RL settings {unknown}; known: {sorted(known)}.")
-        return cls(**values)
 
 
 # ------------------------------------------------------------------------------------------------------ pure functions

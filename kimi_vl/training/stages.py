@@ -1,12 +1,18 @@
 """Training stages as functions. Each writes a Hugging Face checkpoint directory (`config.json`,
-`model.safetensors`, processor and tokenizer files: `from_pretrained` loads it) plus `metrics.jsonl`, `plots/`,
-`state/` (resumable training state) and `training_summary.json`. Rerunning a stage resumes it from its last
-checkpoint; a finished stage (its summary says `complete`) is not rerun.
+`model.safetensors`, processor and tokenizer files: `from_pretrained` loads it) plus `run_config.json` (the resolved
+configuration), `metrics.jsonl`, `data_errors.jsonl` (bad records skipped), `plots/`, `state/` (resumable training
+state) and `training_summary.json`. Rerunning a stage resumes it from its last checkpoint; a finished stage (its
+summary says `complete`) is not rerun.
 
-- `pretrain`: joint text-vision pre-training from scratch on the embedded corpus (a constant vision-token ratio
-  from step one), MuonClip.
-- `sft`: zero-vision SFT from a checkpoint: text-only chats, loss on assistant tokens only.
-- `rl`: joint text-vision RL from a checkpoint (K2.5 objective, verifiable rewards on synthetic-world tasks).
+- `pretrain`: joint text-vision pre-training from scratch (a constant vision-token ratio from step one), MuonClip;
+  on the embedded data, or on users' documents and chats (`sources`) with a BPE tokenizer trained on them.
+- `sft`: SFT from a checkpoint, loss on assistant tokens only: zero-vision (text-only chats) on the embedded data,
+  or users' chats.
+- `rl`: joint text-vision RL from a checkpoint (K2.5 objective, verifiable rewards): on the synthetic world's tasks,
+  or users' prompt rows.
+
+Every setting has a name (`kimi_vl.training.config`): pass them as keyword arguments (`pretrain(out, steps=100,
+lr=1e-3, sources=["data.jsonl"])`) or a resolved `RunConfig` as `config=`.
 """
 
 from __future__ import annotations
@@ -18,33 +24,64 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import AutoTokenizer
 
 from ..configuration import KimiVLConfig
-from ..data import embedded_pretrain_stream, embedded_sft_stream
+from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
 from ..data.world import TEXT_TASKS, VISION_TASKS, make_samples
 from ..errors import CheckpointError, ConfigError
 from ..fusion import build_tokenizer
+from ..fusion.tokenizer import SPECIAL_TOKENS
 from ..modeling import KimiVLForConditionalGeneration
 from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .config import RunConfig, resolve, write_run_config
 from .muonclip import MuonClip
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
-from .rl import RLConfig, rl_iteration
-from .trainer import TrainConfig, Trainer, read_metrics, rewind_metrics, unigram_entropy
+from .rl import rl_iteration
+from .trainer import (
+    DATA_ERRORS,
+    Trainer,
+    append_jsonl,
+    check_data,
+    read_metrics,
+    rewind_metrics,
+    unigram_entropy,
+)
 
 SUMMARY = "training_summary.json"
-VAL_SEED_OFFSET = 1_000_003  # validation batches come from a disjoint seed
 
 
-def build_processor(preset: Preset, seed: int = 0) -> KimiVLProcessor:
-    """Train the BPE tokenizer on the embedded corpus and wrap it with the preset's image and video processors."""
-    tokenizer = build_tokenizer(tokenizer_texts(seed, preset.tokenizer_texts), preset.vocab_size)
-    return KimiVLProcessor(MoonViTImageProcessor(max_patches=preset.image_max_patches), tokenizer,
-                           MoonViTVideoProcessor(fps=preset.video_fps, max_patches=preset.video_max_patches))
+def load_tokenizer(path: str | Path) -> Any:
+    """The tokenizer saved in `path` (a tokenizer folder or a checkpoint), which must have Kimi's special tokens."""
+    try:
+        tok = AutoTokenizer.from_pretrained(path)
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"no tokenizer can be loaded from {path} ({exc}); pass a kimi-vl checkpoint or tokenizer "
+                          "folder.") from exc
+    unk = getattr(tok, "unk_token_id", None)
+    missing = [t for t in SPECIAL_TOKENS if tok.convert_tokens_to_ids(t) in (None, unk)]
+    if missing:
+        raise ConfigError(f"the tokenizer in {path} lacks Kimi's special tokens {missing}; pass a kimi-vl "
+                          "checkpoint or a tokenizer made by kimi_vl.fusion.build_tokenizer, or leave --tokenizer out "
+                          "to train one on the data.")
+    return tok
+
+
+def build_processor(data: DataConfig, texts: list[str] | None = None, seed: int = 0) -> KimiVLProcessor:
+    """The run's processor: the tokenizer of `data.tokenizer`, else a BPE tokenizer trained on `texts` (default:
+    the embedded corpus), with the image and video processors `data` sets."""
+    if data.tokenizer:
+        tokenizer = load_tokenizer(data.tokenizer)
+    else:
+        tokenizer = build_tokenizer(texts if texts is not None else tokenizer_texts(seed, data.tokenizer_texts),
+                                    data.vocab_size)
+    return KimiVLProcessor(MoonViTImageProcessor(max_patches=data.image_max_patches), tokenizer,
+                           MoonViTVideoProcessor(fps=data.video_fps, max_patches=data.video_max_patches))
 
 
 def build_model(preset: Preset, processor: KimiVLProcessor) -> KimiVLForConditionalGeneration:
@@ -76,75 +113,93 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
     return model, KimiVLProcessor.from_pretrained(path)
 
 
-def _run(stage: str, model: KimiVLForConditionalGeneration, processor: KimiVLProcessor, data, val_data,
-         cfg: TrainConfig, out_dir: Path, extra: dict[str, Any]) -> Path:
+def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overrides: dict[str, Any]) -> RunConfig:
+    if config is None:
+        return resolve(stage, preset, overrides, seed=seed)
+    if overrides or config.stage != stage:
+        raise ConfigError(f"pass either a {stage} RunConfig or settings, not both (got {sorted(overrides)}).")
+    return config
+
+
+def _preset_of(from_dir: str | Path, preset: str | None) -> str:
+    return preset or (read_summary(from_dir) or {}).get("preset", "tiny")
+
+
+def _finish(stage: str, model: Any, processor: KimiVLProcessor, out_dir: Path, summary: dict[str, Any]) -> Path:
+    model.save_pretrained(out_dir)
+    processor.save_pretrained(out_dir)
+    (out_dir / SUMMARY).write_text(json.dumps({"stage": stage, **summary, "complete": True}, indent=1))
+    return out_dir
+
+
+def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: KimiVLProcessor, out_dir: Path,
+           extra: dict[str, Any]) -> Path:
+    """A language-model stage (pretrain or sft) on its data, then the checkpoint directory and its summary."""
     t0 = time.perf_counter()
+    build = pretrain_data if cfg.stage == "pretrain" else sft_data
+    data, val, mixture = build(cfg.data, processor, cfg.seed)
     baseline = unigram_entropy(getattr(data, "main", data))  # a warm-up phase is not the data's steady state
-    trainer = Trainer(model, data, cfg, out_dir, val_data=val_data, desc=stage)
+    trainer = Trainer(model, data, cfg.train, out_dir, val_data=val, desc=cfg.stage,
+                      fingerprint=data_fingerprint(mixture, cfg.seed), allow_data_change=cfg.data.allow_data_change,
+                      num_workers=cfg.data.num_workers)
+    if trainer.accelerator.is_main_process:
+        write_run_config(cfg, out_dir)
     last = trainer.train()
     if not trainer.accelerator.is_main_process:
         return out_dir
     model = trainer.accelerator.unwrap_model(trainer.model)
     metrics = read_metrics(out_dir / "metrics.jsonl")
-    plot_metrics(metrics, out_dir / "plots", title=stage, baseline=baseline)
-    model.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
-    summary = {"stage": stage, **extra, "steps": cfg.steps, "final_loss": last.get("loss"),
-               "val_loss": last.get("val_loss"), "unigram_baseline": baseline, "tokens": last.get("tokens"),
-               "skipped_steps": last.get("skipped_total"), "wall_time_s": time.perf_counter() - t0,
-               "complete": True}
-    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
-    return out_dir
+    plot_metrics(metrics, out_dir / "plots", title=cfg.stage, baseline=baseline)
+    bad = sum(sum(m.get("bad_records", {}).values()) for m in metrics)
+    return _finish(cfg.stage, model, processor, out_dir, {
+        "preset": cfg.preset, "seed": cfg.seed, **extra, "data": cfg.data.sources or "embedded",
+        "steps": cfg.train.steps, "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
+        "unigram_baseline": baseline, "tokens": last.get("tokens"), "skipped_steps": last.get("skipped_total"),
+        "bad_records": bad, "wall_time_s": time.perf_counter() - t0})
 
 
-def _processor_for(out_dir: Path, preset: Preset, seed: int) -> KimiVLProcessor:
+def _processor_for(out_dir: Path, cfg: RunConfig) -> KimiVLProcessor:
     """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer."""
     if (out_dir / "tokenizer.json").is_file():
         return KimiVLProcessor.from_pretrained(out_dir)
-    processor = build_processor(preset, seed)  # deterministic: every rank builds the same one
+    texts = None
+    if cfg.data.sources and not cfg.data.tokenizer:  # deterministic: every rank trains the same tokenizer
+        texts = cfg.data.mixture(cfg.data.sources, cfg.seed, ("document", "chat")).texts(cfg.data.tokenizer_texts)
+    processor = build_processor(cfg.data, texts, cfg.seed)
     if int(os.environ.get("RANK", "0")) == 0:  # before the process group exists, the launcher's rank
         out_dir.mkdir(parents=True, exist_ok=True)
         processor.save_pretrained(out_dir)
     return processor
 
 
-def pretrain(out_dir: str | Path, *, preset: str = "tiny", steps: int | None = None, seed: int = 0,
-             progress: bool = True, **overrides: Any) -> Path:
+def pretrain(out_dir: str | Path, *, preset: str = "tiny", seed: int = 0, config: RunConfig | None = None,
+             **settings: Any) -> Path:
     """Joint text-vision pre-training from scratch; returns the checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     if stage_complete(out_dir):
         return out_dir
-    p = get_preset(preset)
-    cfg = TrainConfig(**{**p.pretrain, **overrides, **({"steps": steps} if steps else {}), "progress": progress})
-    processor = _processor_for(out_dir, p, seed)
-    torch.manual_seed(seed)
-    model = build_model(p, processor)
-    stream = dict(seq_len=p.seq_len, rows=p.rows, vision_ratio=p.vision_ratio, **p.pretrain_data)
-    data = embedded_pretrain_stream(processor, seed=seed, **stream)
-    val = embedded_pretrain_stream(processor, seed=seed + VAL_SEED_OFFSET, **{**stream, "drill_batches": 0})
-    return _run("pretrain", model, processor, data, val, cfg, out_dir, {"preset": preset, "seed": seed})
+    cfg = _config("pretrain", config, preset, seed, settings)
+    processor = _processor_for(out_dir, cfg)
+    torch.manual_seed(cfg.seed)
+    model = build_model(get_preset(cfg.preset), processor)
+    return _train(cfg, model, processor, out_dir, {})
 
 
-def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, steps: int | None = None,
-        seed: int = 0, progress: bool = True, **overrides: Any) -> Path:
-    """Zero-vision SFT of the checkpoint in `from_dir`; returns the checkpoint directory `out_dir`."""
+def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
+        config: RunConfig | None = None, **settings: Any) -> Path:
+    """SFT of the checkpoint in `from_dir` (zero-vision on the embedded data); returns `out_dir`."""
     out_dir = Path(out_dir)
     if stage_complete(out_dir):
         return out_dir
-    preset = preset or (read_summary(from_dir) or {}).get("preset", "tiny")
-    p = get_preset(preset)
-    cfg = TrainConfig(**{**p.sft, **overrides, **({"steps": steps} if steps else {}), "progress": progress})
     model, processor = load_checkpoint_dir(from_dir)
-    data = embedded_sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed)
-    val = embedded_sft_stream(processor, seq_len=p.seq_len, rows=p.rows, seed=seed + VAL_SEED_OFFSET)
-    return _run("sft", model, processor, data, val, cfg, out_dir,
-                {"preset": preset, "seed": seed, "from": str(from_dir)})
+    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings)
+    return _train(cfg, model, processor, out_dir, {"from": str(from_dir)})
 
 
 RL_TASKS = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")), "vision": VISION_TASKS}
-"""RL task families: verifiable text tasks (arithmetic, multiple choice) and image tasks (counting, colours,
-shapes, charts, OCR, grounding, visual math); `fact` (free-text answers) and the `lookup` drill are left to
-pre-training and SFT."""
+"""RL task families of the embedded data: verifiable text tasks (arithmetic, multiple choice) and image tasks
+(counting, colours, shapes, charts, OCR, grounding, visual math); `fact` (free-text answers) and the `lookup` drill
+are left to pre-training and SFT."""
 
 
 def rl_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
@@ -154,55 +209,65 @@ def rl_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(t for f in families for t in RL_TASKS[f])
 
 
-def rl(from_dir: str | Path, out_dir: str | Path, *, tasks: tuple[str, ...] | list[str] = ("text", "vision"),
-       preset: str | None = None, steps: int | None = None, seed: int = 0, progress: bool = True,
-       checkpoint_every: int = 10, **overrides: Any) -> Path:
-    """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"` is passed);
-    step `i` draws `prompts_per_step` fresh world samples cycling through the task families' tasks (a pure function
-    of `(seed, i)`, so a resumed run is the uninterrupted one). Returns the checkpoint directory `out_dir`."""
+def world_prompts(tasks: tuple[str, ...], n: int, seed: int, step: int) -> list[Any]:
+    """Step `step`'s `n` world samples, cycling through `tasks` (a pure function of `(seed, step)`)."""
+    return make_samples(tasks, n, seed=seed * 1_000_003 + step)
+
+
+def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
+       config: RunConfig | None = None, **settings: Any) -> Path:
+    """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`); step `i`
+    draws `prompts_per_step` prompts (users' rows, or world samples of the task families `tasks`), a pure function
+    of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the checkpoint directory `out_dir`."""
     from tqdm.auto import tqdm
 
     out_dir = Path(out_dir)
     if stage_complete(out_dir):
         return out_dir
-    preset = preset or (read_summary(from_dir) or {}).get("preset", "tiny")
-    settings = {**get_preset(preset).rl, **overrides}
-    total = steps or settings.pop("steps")
-    settings.pop("steps", None)
-    prompts, lr = settings.pop("prompts_per_step"), settings.pop("lr")
-    cfg = RLConfig.from_dict(settings)
-    task_list = rl_tasks(tasks)
+    cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings)
+    train, data, algo = cfg.train, cfg.data, cfg.rl
+    prompts = rl_prompts(data, cfg.seed)
+    tasks = None if prompts is not None else rl_tasks(data.tasks)
+    fingerprint = data_fingerprint(None if prompts is None else prompts.mixture, cfg.seed)
     model, processor = load_checkpoint_dir(from_dir)
     model.language_model.model.reset_expert_loads()
-    optimizer = MuonClip(model, lr, weight_decay=0.0)
-    state_dir, metrics_path = out_dir / "state", out_dir / "metrics.jsonl"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    optimizer = MuonClip(model, train.lr, weight_decay=train.weight_decay)
+    state_dir, metrics_path, errors_path = out_dir / "state", out_dir / "metrics.jsonl", out_dir / DATA_ERRORS
+    write_run_config(cfg, out_dir)
     step, t0 = 0, time.perf_counter()
     if (last := latest_checkpoint(state_dir)) is not None:
+        check_data(json.loads((last / "trainer_state.json").read_text()).get("data"), fingerprint,
+                   data.allow_data_change, last)
         step = load_checkpoint(last, model=model, optimizer=optimizer)["step"]
     rewind_metrics(metrics_path, step)
-    bar = tqdm(total=total, initial=step, desc=f"rl ({'+'.join(tasks)})", disable=not progress, dynamic_ncols=True)
-    while step < total:
-        samples = make_samples(task_list, prompts, seed=seed * 1_000_003 + step)
-        metrics, _ = rl_iteration(model, optimizer, processor, samples, cfg, seed=seed * 1_000_003 + step)
+    rewind_metrics(errors_path, step)
+    label = "+".join(data.tasks) if prompts is None else "data"
+    bar = tqdm(total=train.steps, initial=step, desc=f"rl ({label})", disable=not train.progress, dynamic_ncols=True)
+    while step < train.steps:
+        if prompts is None:
+            samples, bad = world_prompts(tasks, data.prompts_per_step, cfg.seed, step), []
+        else:
+            samples, bad = prompts.prompts(step)
+        metrics, _ = rl_iteration(model, optimizer, processor, samples, algo, seed=cfg.seed * 1_000_003 + step)
         model.language_model.model.update_router_biases()
         step += 1
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps({"step": step, **metrics}) + "\n")
+        if bad:
+            append_jsonl(errors_path, [{"step": step, **r} for r in bad])
+            metrics["bad_records"] = len(bad)
+        append_jsonl(metrics_path, [{"step": step, **metrics}])
         bar.update(1)
         bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
-        if step % checkpoint_every == 0 or step == total:
-            save_checkpoint(state_dir, step, model=model, optimizer=optimizer, trainer_state={"tasks": list(tasks)})
+        if step % train.checkpoint_every == 0 or step == train.steps:
+            save_checkpoint(state_dir, step, model=model, optimizer=optimizer, keep=train.keep_checkpoints,
+                            trainer_state={"tasks": list(data.tasks), "data": fingerprint})
     bar.close()
     metrics = read_metrics(metrics_path)
-    plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({'+'.join(tasks)})")
-    model.save_pretrained(out_dir)
-    processor.save_pretrained(out_dir)
+    plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({label})")
     first, last_ = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
-    summary = {"stage": "rl", "preset": preset, "seed": seed, "from": str(from_dir), "tasks": list(tasks),
-               "steps": total, "algorithm": cfg.algorithm, "k": cfg.k, "prompts_per_step": prompts,
-               "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
-               "reward_last_fifth": sum(m["reward_mean"] for m in last_) / len(last_),
-               "wall_time_s": time.perf_counter() - t0, "complete": True}
-    (out_dir / SUMMARY).write_text(json.dumps(summary, indent=1))
-    return out_dir
+    return _finish("rl", model, processor, out_dir, {
+        "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir), "tasks": list(data.tasks) if tasks else None,
+        "data": data.sources or "embedded", "steps": train.steps, "algorithm": algo.algorithm, "k": algo.k,
+        "prompts_per_step": data.prompts_per_step,
+        "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
+        "reward_last_fifth": sum(m["reward_mean"] for m in last_) / len(last_),
+        "bad_records": sum(m.get("bad_records", 0) for m in metrics), "wall_time_s": time.perf_counter() - t0})

@@ -16,8 +16,10 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
+from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -25,10 +27,14 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ..errors import ConfigError, TrainingDivergedError
+from ..data.loader import batches
+from ..data.mixture import fingerprint_changes
+from ..errors import ConfigError, DataError, TrainingDivergedError
 from ..text.moe import TopKRouter
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
+
+DATA_ERRORS = "data_errors.jsonl"
 
 
 class BatchSource(Protocol):
@@ -37,18 +43,46 @@ class BatchSource(Protocol):
     def batch(self, index: int) -> Any: ...
 
 
+ALL_STAGES = ("pretrain", "sft", "rl")
+
+
+def _rl_too(default: Any) -> Any:
+    """A `TrainConfig` field the RL stage uses as well (the others apply to `pretrain` and `sft`)."""
+    return field(default=default, metadata={"stages": ALL_STAGES})
+
+
 @dataclass
 class TrainConfig:
-    """Hyper-parameters of one training run.
+    """Settings of one training run (each is also a `kimi-vl train` option: `--lr`, `--grad-accum`, ...).
 
     The learning rate follows warmup-stable-decay (WSD): linear warmup over `warmup_steps`, constant, then a linear
     decay to `min_lr_ratio * lr` over the last `decay_fraction` of the steps.
+
+    Attributes:
+        steps: optimizer steps.
+        lr: peak learning rate.
+        optimizer: muonclip or adamw.
+        weight_decay: decoupled weight decay of the hidden matrices.
+        qk_clip_tau: QK-Clip threshold on the max attention logit (none: off).
+        grad_accum: micro-batches per optimizer step and process.
+        warmup_steps: linear warmup steps.
+        decay_fraction: fraction of the steps spent in the final linear decay.
+        min_lr_ratio: learning rate at the end of the decay, as a fraction of lr.
+        max_grad_norm: gradient-norm clipping (none: off).
+        router_bias_rate: step of the aux-loss-free router-bias update.
+        nan_patience: non-finite steps in a row before training stops.
+        checkpoint_every: steps between training-state checkpoints.
+        keep_checkpoints: newest checkpoints kept.
+        val_every: steps between validation losses (0: only at the end, when there is validation data).
+        val_batches: batches per validation loss.
+        precision: auto (bf16 autocast on CUDA, fp32 on CPU), no (fp32) or bf16.
+        progress: show a progress bar.
     """
 
-    steps: int
-    lr: float = 3e-3
-    optimizer: str = "muonclip"          # "muonclip" | "adamw"
-    weight_decay: float = 0.1
+    steps: int = _rl_too(1000)
+    lr: float = _rl_too(3e-3)
+    optimizer: str = "muonclip"
+    weight_decay: float = _rl_too(0.1)
     qk_clip_tau: float | None = 100.0
     grad_accum: int = 1
     warmup_steps: int = 10
@@ -57,12 +91,12 @@ class TrainConfig:
     max_grad_norm: float | None = 1.0
     router_bias_rate: float = 1e-3
     nan_patience: int = 5
-    checkpoint_every: int = 50
-    keep_checkpoints: int = 2
-    val_every: int = 0                   # 0: validate only at the end (when val data is given)
+    checkpoint_every: int = _rl_too(50)
+    keep_checkpoints: int = _rl_too(2)
+    val_every: int = 0
     val_batches: int = 4
-    mixed_precision: str = "auto"        # "auto" (bf16 on CUDA, fp32 on CPU) | "no" | "bf16"
-    progress: bool = True
+    precision: str = "auto"
+    progress: bool = _rl_too(True)
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.grad_accum < 1:
@@ -71,8 +105,10 @@ class TrainConfig:
             raise ConfigError(f"optimizer must be 'muonclip' or 'adamw', got {self.optimizer!r}.")
         if not 0 <= self.decay_fraction <= 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("decay_fraction and min_lr_ratio must lie in [0, 1].")
-        if self.mixed_precision not in ("auto", "no", "bf16"):
-            raise ConfigError(f"mixed_precision must be 'auto', 'no' or 'bf16', got {self.mixed_precision!r}.")
+        if self.precision not in ("auto", "no", "bf16"):
+            raise ConfigError(f"precision must be 'auto', 'no' or 'bf16', got {self.precision!r}.")
+        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
+            raise ConfigError("checkpoint_every and keep_checkpoints must be >= 1.")
 
 
 def wsd_lr(step: int, cfg: TrainConfig) -> float:
@@ -109,15 +145,22 @@ def unigram_entropy(data: BatchSource, num_batches: int = 8) -> float:
 
 
 class Trainer:
-    """Trains `model` on `data` (see the module docstring); `out_dir` receives `metrics.jsonl` and `state/`."""
+    """Trains `model` on `data` (see the module docstring); `out_dir` receives `metrics.jsonl`, `data_errors.jsonl`
+    (one line per bad record skipped) and `state/`.
+
+    `fingerprint` (a JSON-able description of the data) is stored in every checkpoint; resuming with a different one
+    stops with `DataError` naming the differences unless `allow_data_change`. `num_workers` data-loader processes
+    build the batches ahead of the step."""
 
     def __init__(self, model: nn.Module, data: BatchSource, cfg: TrainConfig, out_dir: str | Path, *,
-                 val_data: BatchSource | None = None, desc: str = "train") -> None:
+                 val_data: BatchSource | None = None, desc: str = "train", fingerprint: dict[str, Any] | None = None,
+                 allow_data_change: bool = False, num_workers: int = 0) -> None:
         from accelerate import Accelerator
 
         self.cfg, self.data, self.val_data, self.desc = cfg, data, val_data, desc
+        self.fingerprint, self.allow_data_change, self.num_workers = fingerprint, allow_data_change, num_workers
         self.out_dir = Path(out_dir)
-        precision = cfg.mixed_precision
+        precision = cfg.precision
         if precision == "auto":
             precision = "bf16" if torch.cuda.is_available() else "no"
         self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
@@ -130,6 +173,7 @@ class Trainer:
             router.expert_load.zero_()
         self.state_dir = self.out_dir / "state"
         self.metrics_path = self.out_dir / "metrics.jsonl"
+        self.errors_path = self.out_dir / DATA_ERRORS
         self.step = 0
         self.tokens = 0
         self.skipped = 0
@@ -144,9 +188,13 @@ class Trainer:
         last: dict[str, Any] = {}
         bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not (
             cfg.progress and self.accelerator.is_main_process), dynamic_ncols=True)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        indices = [(s * cfg.grad_accum + m) * world + rank for s in range(self.step, cfg.steps)
+                   for m in range(cfg.grad_accum)]
+        stream = batches(self.data, indices, self.num_workers)
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            loss, tokens, vision_tokens = self._forward_backward()
+            loss, tokens, vision_tokens, drawn = self._forward_backward(stream)
             grad_norm = self._grad_norm()
             finite = math.isfinite(loss) and math.isfinite(grad_norm)
             lr = wsd_lr(self.step, cfg)
@@ -166,6 +214,10 @@ class Trainer:
                     "vision_tokens": vision_tokens, "skipped": not finite, "skipped_total": self.skipped,
                     "max_logits": self._max_logits(), "expert_load": loads,
                     "step_time": time.perf_counter() - t0}
+            if drawn["documents"] or drawn["bad_records"]:
+                last["documents"] = dict(Counter(drawn["documents"]))
+                last["bad_records"] = dict(Counter(r["source"] for r in drawn["bad_records"]))
+                self._log_errors(drawn["bad_records"])
             if self.val_data is not None and (
                     self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
                 last["val_loss"] = self.evaluate()
@@ -183,12 +235,18 @@ class Trainer:
         bar.close()
         return last
 
-    def _forward_backward(self) -> tuple[float, int, int]:
+    def _forward_backward(self, stream: Iterator[Any]) -> tuple[float, int, int, dict[str, Any]]:
+        """One step's micro-batches: forward, backward; returns the global batch's mean loss, token counts and what
+        the data layer drew (documents per source, bad records skipped)."""
         cfg, acc = self.cfg, self.accelerator
-        world, rank = acc.num_processes, acc.process_index
+        world = acc.num_processes
         total, tokens, vision_tokens = 0.0, 0, 0
+        drawn: dict[str, Any] = {"documents": Counter(), "bad_records": []}
         for micro in range(cfg.grad_accum):
-            batch = self.data.batch((self.step * cfg.grad_accum + micro) * world + rank).to(acc.device)
+            batch = next(stream)
+            drawn["documents"].update(getattr(batch, "documents", {}))
+            drawn["bad_records"] += [{"step": self.step + 1, **r} for r in getattr(batch, "bad_records", [])]
+            batch = batch.to(acc.device)
             sync = nullcontext() if micro == cfg.grad_accum - 1 else acc.no_sync(self.model)
             with sync, acc.autocast():
                 loss = self.model(**batch.model_inputs()).loss
@@ -196,11 +254,15 @@ class Trainer:
             total += loss.detach().float().item() / cfg.grad_accum
             tokens += batch.num_tokens
             vision_tokens += batch.num_vision_tokens
-        if world > 1:  # log the global batch: mean loss, summed token counts
+        if world > 1:  # log the global batch: mean loss, summed token counts, every rank's draws
             stats = torch.tensor([total, tokens, vision_tokens], dtype=torch.float64, device=acc.device)
             torch.distributed.all_reduce(stats)
             total, tokens, vision_tokens = stats[0].item() / world, int(stats[1]), int(stats[2])
-        return total, tokens, vision_tokens
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, drawn)
+            drawn = {"documents": sum((Counter(g["documents"]) for g in gathered), Counter()),
+                     "bad_records": [r for g in gathered for r in g["bad_records"]]}
+        return total, tokens, vision_tokens, drawn
 
     def _grad_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -254,30 +316,54 @@ class Trainer:
     # -- state ----------------------------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            with open(self.metrics_path, "a") as f:
-                f.write(json.dumps(record) + "\n")
+            append_jsonl(self.metrics_path, [record])
+
+    def _log_errors(self, records: list[dict[str, Any]]) -> None:
+        if records and self.accelerator.is_main_process:
+            append_jsonl(self.errors_path, records)
 
     def save_state(self) -> Path | None:
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return None
         state = {"tokens": self.tokens, "skipped": self.skipped, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                 "config": asdict(self.cfg)}
+                 "config": asdict(self.cfg), "data": self.fingerprint}
         return save_checkpoint(self.state_dir, self.step, model=self.raw_model, optimizer=self.optimizer,
                                trainer_state=state, keep=self.cfg.keep_checkpoints)
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.state_dir)
         if path is None:
-            if self.accelerator.is_main_process:
-                rewind_metrics(self.metrics_path, 0)  # a fresh run: no stale curve from an earlier attempt
+            if self.accelerator.is_main_process:  # a fresh run: no stale curve from an earlier attempt
+                rewind_metrics(self.metrics_path, 0)
+                rewind_metrics(self.errors_path, 0)
             return
+        check_data(json.loads((path / "trainer_state.json").read_text()).get("data"), self.fingerprint,
+                   self.allow_data_change, path)
         state = load_checkpoint(path, model=self.raw_model, optimizer=self.optimizer)
         self.step, self.tokens = state["step"], state["tokens"]
         self.skipped, self.nonfinite_in_a_row = state["skipped"], state["nonfinite_in_a_row"]
         if self.accelerator.is_main_process:
             rewind_metrics(self.metrics_path, self.step)
+            rewind_metrics(self.errors_path, self.step)
+
+
+def check_data(saved: dict[str, Any] | None, current: dict[str, Any] | None, allow_change: bool,
+               checkpoint: Path) -> None:
+    """Stop with `DataError` when the data of a resumed run differs from its checkpoint's (unless allowed)."""
+    if saved is None or current is None or allow_change:
+        return
+    changes = fingerprint_changes(saved, current)
+    if changes:
+        raise DataError(f"the data differs from the data checkpoint {checkpoint} was trained on: "
+                        + "; ".join(changes) + ". Resume with the same data, pass --allow-data-change to go on "
+                        "with the new data, or use a new --out folder.")
+
+
+def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.writelines(json.dumps(r) + "\n" for r in records)
 
 
 def rewind_metrics(path: Path, step: int) -> None:

@@ -17,6 +17,7 @@ Image mode rule (`to_rgb`), applied after the EXIF orientation:
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import urllib.parse
@@ -38,7 +39,7 @@ DEFAULT_MAX_PIXELS = 89_478_485
 DEFAULT_MAX_FRAMES = 512
 """Largest number of frames `load_video` returns by default."""
 
-ImageSource = str | os.PathLike | Image.Image | np.ndarray
+ImageSource = str | os.PathLike | bytes | Image.Image | np.ndarray
 VideoSource = str | os.PathLike
 
 _ALPHA_MODES = {"RGBA", "LA", "PA", "RGBa", "La"}
@@ -145,8 +146,8 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     """Read an image and return it as a decoded `RGB` Pillow image with its EXIF orientation applied.
 
     Args:
-        src: a path (str or `os.PathLike`), a `file://` URL, a Pillow image, or a uint8 numpy array
-            `[H, W]`, `[H, W, 1]`, `[H, W, 3]` or `[H, W, 4]` (RGBA).
+        src: a path (str or `os.PathLike`), a `file://` URL, the encoded file's bytes (PNG, JPEG, ...), a Pillow
+            image, or a uint8 numpy array `[H, W]`, `[H, W, 1]`, `[H, W, 3]` or `[H, W, 4]` (RGBA).
         max_pixels: largest accepted width * height. Files are measured from their header, before any pixel data
             is decoded.
 
@@ -160,9 +161,14 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     elif isinstance(src, Image.Image):
         image = src
         name = f"<PIL image {src.mode} {src.size}>"
-    elif isinstance(src, (str, os.PathLike)):
-        path = _local_path(src, "image")
-        name = repr(str(path))
+    elif isinstance(src, (str, os.PathLike, bytes, bytearray)):
+        if isinstance(src, (bytes, bytearray)):
+            if not src:
+                raise InvalidMediaError("image bytes are empty (0 bytes); pass the encoded image file's bytes.")
+            path, name = io.BytesIO(bytes(src)), f"<{len(src)} bytes>"
+        else:
+            path = _local_path(src, "image")
+            name = repr(str(path))
         try:
             with warnings.catch_warnings():  # the pixel limit below replaces Pillow's bomb warning
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -178,8 +184,8 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
             ) from exc
     else:
         raise InvalidMediaError(
-            f"cannot read an image from a {type(src).__name__}; pass a path, a file:// URL, a PIL image, "
-            "or a uint8 numpy array."
+            f"cannot read an image from a {type(src).__name__}; pass a path, a file:// URL, encoded bytes, a PIL "
+            "image, or a uint8 numpy array."
         )
 
     width, height = image.size

@@ -1,0 +1,69 @@
+"""Building batches ahead of the training step in data-loader processes.
+
+`batches(stream, indices, num_workers)` yields `stream.batch(i)` for each index in order. With `num_workers > 0`,
+forked `torch.utils.data.DataLoader` workers build them ahead (each batch is a pure function of its index, so the
+workers need no shared state and resuming needs no loader state); a `KimiVLError` raised while building a batch is
+re-raised in the training process as it was (the same type and message).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import torch
+
+from ..errors import ConfigError, KimiVLError
+
+
+class _Failure:
+    """A batch that could not be built: its exception travels back to the training process."""
+
+    def __init__(self, error: KimiVLError) -> None:
+        self.error = error
+
+
+class _Batches(torch.utils.data.Dataset):
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
+
+    def __getitem__(self, index: int) -> Any:
+        try:
+            return self.stream.batch(index)
+        except KimiVLError as exc:
+            return _Failure(exc)
+
+
+def _first(items: Any) -> Any:
+    return items
+
+
+def _worker_init(_: int) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the Rust tokenizers' own threads and fork do not mix
+    torch.set_num_threads(1)
+
+
+def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch: int = 2) -> Iterator[Any]:
+    """`stream.batch(i)` for `i` in `indices`, in order, built by `num_workers` forked processes (0: here)."""
+    if num_workers < 0:
+        raise ConfigError(f"num_workers must be >= 0, got {num_workers}.")
+    if num_workers == 0:
+        for i in indices:
+            yield stream.batch(i)
+        return
+    if "fork" not in multiprocessing.get_all_start_methods():
+        raise ConfigError("data-loader workers need the fork start method, which this platform lacks; set "
+                          "num_workers=0.")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    loader = torch.utils.data.DataLoader(
+        _Batches(stream), batch_size=None, sampler=list(indices), num_workers=num_workers, collate_fn=_first,
+        prefetch_factor=prefetch, worker_init_fn=_worker_init, multiprocessing_context="fork")
+    for item in loader:
+        if isinstance(item, _Failure):
+            raise item.error
+        yield item
+
+
+__all__ = ["batches"]
