@@ -36,6 +36,8 @@ from torch.autograd.function import once_differentiable
 
 from kimi_vl.errors import ConfigError, ShapeError
 
+# Shared by the torch and Triton paths (kda_triton imports them): chunk and sub-chunk lengths of the chunked
+# algorithm, and the eps added to the sum of squares by the in-kernel q/k L2 norm.
 CHUNK = 64
 SUB_CHUNK = 16
 L2_EPS = 1e-6
