@@ -26,11 +26,11 @@ MATHVISTA_PIDS = ("5", "6", "7")  # multiple choice, free-form integer rows of t
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, shared_data):
+def data_dir(tmp_path_factory, benchmark_samples):
     """DIR/mmlu_pro/{test.parquet,validation.jsonl} and DIR/mathvista/{testmini.json,images/} from the fixtures."""
     root = tmp_path_factory.mktemp("data")
     rows = {}
-    with open(shared_data / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl", encoding="utf-8") as f:
+    with open(benchmark_samples / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl", encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
             rows[r["question_id"]] = {k: r[k] for k in ("question_id", "question", "options", "answer", "answer_index",
@@ -40,7 +40,7 @@ def data_dir(tmp_path_factory, shared_data):
                    root / "mmlu_pro" / "test-00000-of-00001.parquet")
     (root / "mmlu_pro" / "validation.jsonl").write_text(
         "".join(json.dumps({**rows[q], "cot_content": c}) + "\n" for q, c in MMLU_VAL.items()), encoding="utf-8")
-    testmini = json.loads((shared_data / "mathvista" / "testmini.json").read_text(encoding="utf-8"))
+    testmini = json.loads((benchmark_samples / "mathvista" / "testmini.json").read_text(encoding="utf-8"))
     (root / "mathvista" / "images").mkdir(parents=True)
     (root / "mathvista" / "testmini.json").write_text(json.dumps({p: testmini[p] for p in MATHVISTA_PIDS}))
     for i, pid in enumerate(MATHVISTA_PIDS):
