@@ -4,6 +4,7 @@ Kimi-VL model (with images), reports, the CLI entry points, and resuming an inte
 import argparse
 import json
 import random
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -203,3 +204,20 @@ def test_argument_errors(tmp_path, llama_dir, data_dir):
     with pytest.raises(DataUnavailableError, match="testmini"):  # data is checked before the model is loaded
         runner.evaluate(tmp_path, "mathvista", tmp_path / "o", data_dir=tmp_path)
     assert cut_at_stop("abc Question: next", ["Question:"]) == "abc "
+
+
+def test_zero_shot_needs_no_validation_split(tmp_path, data_dir, llama_dir):
+    no_val = tmp_path / "data"
+    (no_val / "mmlu_pro").mkdir(parents=True)
+    shutil.copy(data_dir / "mmlu_pro" / "test-00000-of-00001.parquet", no_val / "mmlu_pro")
+    parser = argparse.ArgumentParser()
+    runner.add_eval_arguments(parser)
+    args = parser.parse_args(["--model", str(llama_dir), "--tasks", "mmlu_pro", "--out", str(tmp_path / "o"),
+                              "--data-dir", str(no_val), "--num-shots", "0", "--max-new-tokens", "2", "--no-progress"])
+    report = runner.run_eval_from_args(args)
+    assert report["tasks"]["mmlu_pro"]["total"] == len(MMLU_TEST_IDS)
+    assert {r["shots"] for r in json.loads((tmp_path / "o" / "results.mmlu_pro.json").read_text())} == {0}
+    with pytest.raises(DataUnavailableError, match=r"no 'validation' data file .*--num-shots 0"):
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o1", data_dir=no_val, num_shots=1)
+    with pytest.raises(ConfigError, match="num_shots must be >= 0"):
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o2", data_dir=no_val, num_shots=-1)
