@@ -29,6 +29,7 @@ and ``fused_recurrent_kda`` (forward-only kernel) also when an input requires gr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from itertools import pairwise
 
 import torch
@@ -124,12 +125,32 @@ def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     return q, k, v, g, beta, h0
 
 
-def _segments(offsets: list[int] | None, B: int, T: int) -> list[tuple[int, int, int, int]]:
-    """``(first token, end token, first state row, end state row)`` of each independent run of the references:
-    the whole batch at once, or one packed sequence at a time (``offsets`` from ``cu_seqlens``)."""
-    if offsets is None:
-        return [(0, T, 0, B)]
-    return [(a, b, i, i + 1) for i, (a, b) in enumerate(pairwise(offsets))]
+_Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                 block: int, step: _Step) -> _Out:
+    """The loop of the two references (contract of :func:`naive_recurrent_kda`): validate and prepare the inputs,
+    then walk each independent run (the whole batch, or one packed sequence at a time) in blocks of ``block``
+    tokens (the last one shorter), ``o, S = step(q, k, v, g, beta, S)`` advancing the state ``S [N, H, Dk, Dv]``
+    over one block of inputs ``[N, L, H, *]`` (beta ``[N, L, H]``) and returning its output ``o [N, L, H, Dv]``."""
+    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+    out_dtype = q.dtype
+    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    # (token range, state rows) of each independent run.
+    runs = [(0, T, 0, B)] if offsets is None else [(a, b, i, i + 1) for i, (a, b) in enumerate(pairwise(offsets))]
+    outputs, finals = [], []
+    for start, end, s0, s1 in runs:
+        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
+        for a in range(start, end, block):
+            b = min(a + block, end)
+            o, S = step(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], S)
+            outputs.append(o)
+        finals.append(S)
+    o = torch.cat(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
+    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
 
 
 def naive_recurrent_kda(
@@ -151,23 +172,21 @@ def naive_recurrent_kda(
     ``[N, H, Dk, Dv]`` (N = B, or the number of sequences with ``cu_seqlens`` ``[N+1]``, which needs B = 1).
     Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] or None)``.
     """
-    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
-    out_dtype = q.dtype
-    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
-    B, T, H, Dk = q.shape
-    Dv = v.shape[-1]
-    outputs, finals = [], []
-    for start, end, s0, s1 in _segments(offsets, B, T):
-        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
-        for t in range(start, end):
-            S = S * g[:, t].exp()[..., None]
-            prediction = (S * k[:, t, :, :, None]).sum(-2)
-            delta = beta[:, t, :, None] * (v[:, t] - prediction)
-            S = S + k[:, t, :, :, None] * delta[:, :, None, :]
-            outputs.append((S * q[:, t, :, :, None]).sum(-2))
-        finals.append(S)
-    o = torch.stack(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
-    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
+    return _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                        1, _naive_token_step)
+
+
+def _naive_token_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, S: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: q, k, g ``[N, 1, H, Dk]`` (q scaled), v ``[N, 1, H, Dv]``, beta ``[N, 1, H]``, state S
+    ``[N, H, Dk, Dv]``. Returns ``(o [N, 1, H, Dv], next S)``: the recurrence of the module docstring."""
+    q, k, v, g, beta = (x[:, 0] for x in (q, k, v, g, beta))
+    S = S * g.exp()[..., None]
+    prediction = (S * k[..., None]).sum(-2)
+    delta = beta[..., None] * (v - prediction)
+    S = S + k[..., None] * delta[..., None, :]
+    return (S * q[..., None]).sum(-2)[:, None], S
 
 
 def naive_chunk_kda(
@@ -191,21 +210,8 @@ def naive_chunk_kda(
     Each sequence is cut into chunks of ``CHUNK`` tokens (the last one shorter, no padding); every chunk is one
     call of :func:`_naive_chunk_step`. Readable and differentiable, not fast: for tests and for reading.
     """
-    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
-    out_dtype = q.dtype
-    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
-    B, T, H, Dk = q.shape
-    Dv = v.shape[-1]
-    outputs, finals = [], []
-    for start, end, s0, s1 in _segments(offsets, B, T):
-        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
-        for a in range(start, end, CHUNK):
-            b = min(a + CHUNK, end)
-            o, S = _naive_chunk_step(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], S)
-            outputs.append(o)
-        finals.append(S)
-    o = torch.cat(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
-    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
+    return _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                        CHUNK, _naive_chunk_step)
 
 
 def _naive_chunk_step(
