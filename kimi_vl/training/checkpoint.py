@@ -60,23 +60,32 @@ def encode_state(obj: Any, tensors: dict[str, torch.Tensor], path: str = "") -> 
         CheckpointError: `obj` holds a value of another type (the message names its path).
     """
     if isinstance(obj, torch.Tensor):
-        tensors[path] = obj.detach().cpu().contiguous()
-        return {"__tensor__": path}
+        key, n = path, 0
+        while key in tensors:  # paths are unique unless a dict key holds a "/"
+            n += 1
+            key = f"{path}#{n}"
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
     if isinstance(obj, np.ndarray):
         return {"__ndarray__": obj.tolist(), "dtype": str(obj.dtype)}
     if isinstance(obj, tuple):
-        return {"__tuple__": [encode_state(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]}
+        return {"__tuple__": [encode_state(v, tensors, _join(path, i)) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
-        return [encode_state(v, tensors, f"{path}/{i}") for i, v in enumerate(obj)]
+        return [encode_state(v, tensors, _join(path, i)) for i, v in enumerate(obj)]
     if isinstance(obj, dict):
         if all(isinstance(k, str) and k not in _TAGS for k in obj):
-            return {k: encode_state(v, tensors, f"{path}/{k}".lstrip("/")) for k, v in obj.items()}
-        return {"__dict__": [[encode_state(k, tensors, f"{path}/key{i}"), encode_state(v, tensors, f"{path}/{k}")]
-                             for i, (k, v) in enumerate(obj.items())]}
+            return {k: encode_state(v, tensors, _join(path, k)) for k, v in obj.items()}
+        pairs = [[encode_state(k, tensors, _join(path, f"key{i}")), encode_state(v, tensors, _join(path, k))]
+                 for i, (k, v) in enumerate(obj.items())]
+        return {"__dict__": pairs}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
     raise CheckpointError(f"cannot store {type(obj).__name__} at {path or 'the top level'} of a training checkpoint "
                           "(only tensors, numpy arrays, numbers, strings, None and lists/tuples/dicts of them).")
+
+
+def _join(path: str, key: Any) -> str:
+    return f"{path}/{key}" if path else str(key)
 
 
 def decode_state(obj: Any, tensors: dict[str, torch.Tensor]) -> Any:
