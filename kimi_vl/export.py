@@ -3,8 +3,9 @@
 `AutoProcessor.from_pretrained(out, trust_remote_code=True)` where `kimi_vl` is not installed.
 
 transformers' dynamic-module loader copies flat `.py` files of the model directory into one package and follows
-`from .x import y` imports between them; it does not support sub-packages. `export_remote_code` therefore
-generates, from the installed package's own source files (never a hand-kept copy):
+`from .x import y` imports between them; it does not support sub-packages. `add_remote_code` (in place, e.g. on
+a folder a training stage just saved) and `export_remote_code` (on a copy) therefore generate, from the installed
+package's own source files (never a hand-kept copy):
 
 - one flat module per package module the model and processor need (the import closure of the modules in
   `ENTRY_CLASSES`): `kimi_vl/text/kda.py` becomes `kimi_vl_text_kda.py`, a package's `__init__.py` becomes
@@ -223,37 +224,33 @@ def _update_processor_config(data: dict) -> None:
             _add_auto_map(data[key], entries)
 
 
-def export_remote_code(model_dir: str | Path, out_dir: str | Path) -> Path:
-    """Write a self-contained remote-code copy of the saved Kimi-VL checkpoint `model_dir` into `out_dir`.
-
-    `model_dir` holds `config.json` (model_type `kimi_vl`) and the weights, usually also the processor and
-    tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it is copied, then the generated modules
-    (see the module docstring) are written and `auto_map` entries added. `out_dir` may be `model_dir` itself (in
-    place) or a new or existing directory (files of the same name are replaced).
-
-    Returns:
-        `out_dir` as a `Path`.
-
-    Raises:
-        CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config.
-    """
-    src, out = Path(model_dir), Path(out_dir)
-    config_file = src / "config.json"
+def _check_model_dir(model_dir: Path) -> None:
+    config_file = model_dir / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"{src} has no config.json; save the model with save_pretrained(dir) first.")
+        raise CheckpointError(f"{model_dir} has no config.json; save the model with save_pretrained(dir) first.")
     model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
     if model_type != "kimi_vl":
         raise CheckpointError(
             f"{config_file} is a {model_type!r} config, not 'kimi_vl'; export a KimiVLForConditionalGeneration "
             "checkpoint (convert other checkpoints first, see `kimi-vl convert`)."
         )
-    files = generate_modules()
-    out.mkdir(parents=True, exist_ok=True)
-    if src.resolve() != out.resolve():
-        shutil.copytree(src, out, dirs_exist_ok=True)
-    for name, text in files.items():
-        (out / name).write_text(text, encoding="utf-8")
 
+
+def add_remote_code(model_dir: str | Path) -> Path:
+    """Make the saved Kimi-VL checkpoint `model_dir` self-contained in place: write the generated modules (see the
+    module docstring) and add the `auto_map` entries, copying nothing else. Idempotent (a second call rewrites the
+    same bytes); training stages call it after `save_pretrained`.
+
+    Returns:
+        `model_dir` as a `Path`.
+
+    Raises:
+        CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config.
+    """
+    out = Path(model_dir)
+    _check_model_dir(out)
+    for name, text in generate_modules().items():
+        (out / name).write_text(text, encoding="utf-8")
     _update_json(out / "config.json", lambda d: _add_auto_map(d, CONFIG_AUTO_MAP))
     _update_json(out / "processor_config.json", _update_processor_config)
     _update_json(out / "preprocessor_config.json", lambda d: _add_auto_map(d, {**IMAGE_PROCESSOR_AUTO_MAP,
@@ -264,9 +261,32 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path) -> Path:
     return out
 
 
+def export_remote_code(model_dir: str | Path, out_dir: str | Path) -> Path:
+    """Write a self-contained remote-code copy of the saved Kimi-VL checkpoint `model_dir` into `out_dir`.
+
+    `model_dir` holds `config.json` (model_type `kimi_vl`) and the weights, usually also the processor and
+    tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it is copied, then `add_remote_code` runs on
+    the copy. `out_dir` may be `model_dir` itself (in place) or a new or existing directory (files of the same name
+    are replaced).
+
+    Returns:
+        `out_dir` as a `Path`.
+
+    Raises:
+        CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config.
+    """
+    src, out = Path(model_dir), Path(out_dir)
+    _check_model_dir(src)
+    out.mkdir(parents=True, exist_ok=True)
+    if src.resolve() != out.resolve():
+        shutil.copytree(src, out, dirs_exist_ok=True)
+    return add_remote_code(out)
+
+
 __all__ = [
     "ENTRY_CLASSES",
     "ENTRY_MODULE",
+    "add_remote_code",
     "export_remote_code",
     "flat_module_name",
     "generate_modules",

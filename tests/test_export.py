@@ -1,10 +1,11 @@
-"""Publishing: remote-code export (`kimi_vl.export`, `kimi-vl export`) loading where `kimi_vl` cannot be imported,
-and the save / load round trip of model + processor in a fresh process."""
+"""Publishing: remote-code export (`kimi_vl.export`, `kimi-vl export`, `add_remote_code` in place) loading where
+`kimi_vl` cannot be imported, and the save / load round trip of model + processor in a fresh process."""
 
 import ast
 import json
 import os
 import random
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ from safetensors.torch import load_file
 from kimi_vl.cli import main
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.errors import CheckpointError, KimiVLError
-from kimi_vl.export import ENTRY_MODULE, export_remote_code, generate_modules, rewrite_imports
+from kimi_vl.export import ENTRY_MODULE, add_remote_code, export_remote_code, generate_modules, rewrite_imports
 from kimi_vl.fusion import build_tokenizer
 from kimi_vl.modeling import KimiVLForConditionalGeneration
 from kimi_vl.processing import KimiVLProcessor
@@ -193,6 +194,26 @@ def test_export_loads_without_kimi_vl(checkpoint, tmp_path):
     ref = reference_outputs(checkpoint)
     assert {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"} <= ref.keys()
     assert_same(got, ref)
+
+
+def test_add_remote_code_makes_a_saved_folder_self_contained_in_place(checkpoint, tmp_path):
+    model_dir = shutil.copytree(checkpoint["dir"], tmp_path / "model")  # as save_pretrained left it
+    saved = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    assert add_remote_code(model_dir) == model_dir
+    once = {p.name: p.read_bytes() for p in model_dir.iterdir()}
+    assert once["model.safetensors"] == saved["model.safetensors"] and f"{ENTRY_MODULE}.py" in once
+    assert json.loads(once["config.json"])["auto_map"]["AutoModelForImageTextToText"].startswith(ENTRY_MODULE)
+    add_remote_code(model_dir)
+    assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == once  # idempotent
+
+    body = """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    model = AutoModelForImageTextToText.from_pretrained(MODEL, trust_remote_code=True).eval()
+    proc = AutoProcessor.from_pretrained(MODEL, trust_remote_code=True)
+    assert type(model).__module__.startswith("transformers_modules.") and type(proc).__module__ == type(model).__module__
+    """
+    got = run_script(body, tmp_path, block_kimi_vl=True, MODEL=model_dir, PNG=checkpoint["png"], MP4=checkpoint["mp4"])
+    assert_same(got, reference_outputs(checkpoint))
 
 
 def test_generated_modules_are_flat():

@@ -133,12 +133,13 @@ def split_files(data_dir: str | os.PathLike, task_dirs: Sequence[str], split: st
 
 
 def load_local_split(
-    data_dir: str | os.PathLike, task_dirs: Sequence[str], split: str, *, required: bool = True
+    data_dir: str | os.PathLike, task_dirs: Sequence[str], split: str, *, required: bool = True, hint: str = ""
 ) -> tuple[list[dict[str, Any]], list[Path]]:
     """Rows of `split` read from the local files under `data_dir` and the files they came from.
 
     Raises:
-        DataUnavailableError: no file for the split (when `required`), or an unreadable file.
+        DataUnavailableError: no file for the split (when `required`; `hint`, e.g. why the split is needed, ends
+            the message), or an unreadable file.
     """
     files = split_files(data_dir, task_dirs, split)
     if not files:
@@ -147,7 +148,7 @@ def load_local_split(
         where = ", ".join(str(Path(data_dir) / d) for d in task_dirs) + f" or {data_dir}"
         raise DataUnavailableError(
             f"no '{split}' data file under {where}: expected a file named {split}*.parquet, {split}*.jsonl or "
-            f"{split}*.json (the dataset's own schema)."
+            f"{split}*.json (the dataset's own schema).{' ' + hint if hint else ''}"
         )
     rows: list[dict[str, Any]] = []
     for path in files:

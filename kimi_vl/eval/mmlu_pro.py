@@ -89,18 +89,29 @@ _LAYOUT_HINT = (
 )
 
 
-def load_mmlu_pro(data_dir: str | os.PathLike | None = None) -> tuple[list[dict], list[dict]]:
+def load_mmlu_pro(
+    data_dir: str | os.PathLike | None = None, *, validation: bool = True
+) -> tuple[list[dict], list[dict]]:
     """The preprocessed `(test, validation)` rows, from `data_dir` when given, else from the hub.
+
+    The validation rows are the worked examples of k-shot prompts; with `validation=False` (0-shot) they are
+    neither read nor required and the second list is empty.
 
     Raises:
         DataUnavailableError: the hub is unreachable (pass `data_dir`), or the local files are missing.
     """
+    val: list[dict] = []
     if data_dir is not None:
         test, _ = load_local_split(data_dir, TASK_DIRS, "test")
-        val, _ = load_local_split(data_dir, TASK_DIRS, "validation")
+        if validation:
+            val, _ = load_local_split(data_dir, TASK_DIRS, "validation", hint=(
+                "k-shot prompts take their worked examples from the validation split: add the file, or evaluate "
+                "0-shot (--num-shots 0)."))
     else:
         ds = load_hub_dataset(HF_REPO, None, hint=_LAYOUT_HINT)
-        test, val = list(ds["test"]), list(ds["validation"])
+        test = list(ds["test"])
+        if validation:
+            val = list(ds["validation"])
     missing = [f for f in ("question", "options", "answer", "answer_index", "category") if test and f not in test[0]]
     if missing:
         raise DataUnavailableError(f"MMLU-Pro test rows lack the fields {missing}; {_LAYOUT_HINT}.")

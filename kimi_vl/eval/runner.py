@@ -143,7 +143,7 @@ def _load_data(name: str, opts: dict[str, Any], out_dir: Path) -> dict[str, Any]
         if proxy:
             test, val = mmlu_pro_synth(limit if limit is not None else MMLU_PRO_SYNTH_SIZE, seed)
             return {"rows": mp.ordered_items(test), "val": val, "source": f"synthetic world, seed {seed}"}
-        test, val = mp.load_mmlu_pro(opts["data_dir"])
+        test, val = mp.load_mmlu_pro(opts["data_dir"], validation=opts["num_shots"] > 0)
         source = str(opts["data_dir"]) if opts["data_dir"] else mp.HF_REPO
         return {"rows": mp.ordered_items(test, limit), "val": val, "source": source}
     if proxy:
@@ -370,8 +370,8 @@ def evaluate(
             proxies: that many generated items).
         batch_size: prompts per generation batch.
         max_new_tokens: generation budget for every task; default per task (`DEFAULT_MAX_NEW_TOKENS`).
-        num_shots, max_model_length: MMLU-Pro shots (5) and the context length of the shot budget (4096, or the
-            model's `max_position_embeddings` when smaller).
+        num_shots, max_model_length: MMLU-Pro shots (5; 0 needs no validation split) and the context length of the
+            shot budget (4096, or the model's `max_position_embeddings` when smaller).
         mmlu_pro_format: `"official"` (raw completion prompt) or `"chat"` (the same prompt as one user turn).
         mathvista_format: `"chat"` (query + image as a user turn through the chat template) or `"raw"`.
         mathvista_extractor: `"heuristic"` (official rules, then `heuristic_extract`), `"rules"` (official rules
@@ -389,6 +389,8 @@ def evaluate(
         raise ConfigError(f"batch_size must be >= 1, got {batch_size}.")
     if max_new_tokens is not None and max_new_tokens < 1:
         raise ConfigError(f"max_new_tokens must be >= 1, got {max_new_tokens}.")
+    if num_shots < 0:
+        raise ConfigError(f"num_shots must be >= 0, got {num_shots}.")
     if mmlu_pro_format not in ("official", "chat"):
         raise ConfigError(f"mmlu_pro_format must be 'official' or 'chat', got {mmlu_pro_format!r}.")
     if mathvista_format not in ("chat", "raw"):
@@ -441,7 +443,8 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available)")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     parser.add_argument("--trust-remote-code", action="store_true", help="allow remote-code models")
-    parser.add_argument("--num-shots", type=int, default=mp.NUM_SHOTS, help="MMLU-Pro shots (default 5)")
+    parser.add_argument("--num-shots", type=int, default=mp.NUM_SHOTS, help="MMLU-Pro shots (default 5; 0 needs no "
+                        "validation split)")
     parser.add_argument("--max-model-length", type=int, default=mp.MAX_MODEL_LENGTH,
                         help="MMLU-Pro context length for the shot budget (default 4096)")
     parser.add_argument("--mmlu-pro-format", default="official", choices=["official", "chat"],

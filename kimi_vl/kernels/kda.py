@@ -8,9 +8,10 @@ the delta correction)::
     S <- S + k_t (beta_t (v_t - S^T k_t))^T
     o_t = S^T (scale * q_t)
 
-Three implementations share this contract:
+Four implementations share this contract:
 
 * :func:`naive_recurrent_kda` - the readable token-by-token reference (works in float64).
+* :func:`naive_chunk_kda` - the readable chunked reference: the WY/UT algebra of the fast path, one chunk at a time.
 * :func:`fused_recurrent_kda` - a lean token loop vectorised over batch and heads, for decoding.
 * :func:`chunk_kda` - the chunked WY/UT-transform algorithm (chunk 64, sub-chunk 16) for prefill/training.
 
@@ -28,6 +29,7 @@ and ``fused_recurrent_kda`` (forward-only kernel) also when an input requires gr
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from itertools import pairwise
 
 import torch
@@ -36,6 +38,8 @@ from torch.autograd.function import once_differentiable
 
 from kimi_vl.errors import ConfigError, ShapeError
 
+# Shared by the torch and Triton paths (kda_triton imports them): chunk and sub-chunk lengths of the chunked
+# algorithm, and the eps added to the sum of squares by the in-kernel q/k L2 norm.
 CHUNK = 64
 SUB_CHUNK = 16
 L2_EPS = 1e-6
@@ -121,6 +125,34 @@ def _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm):
     return q, k, v, g, beta, h0
 
 
+_Step = Callable[..., tuple[torch.Tensor, torch.Tensor]]
+
+
+def _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                 block: int, step: _Step) -> _Out:
+    """The loop of the two references (contract of :func:`naive_recurrent_kda`): validate and prepare the inputs,
+    then walk each independent run (the whole batch, or one packed sequence at a time) in blocks of ``block``
+    tokens (the last one shorter), ``o, S = step(q, k, v, g, beta, S)`` advancing the state ``S [N, H, Dk, Dv]``
+    over one block of inputs ``[N, L, H, *]`` (beta ``[N, L, H]``) and returning its output ``o [N, L, H, Dv]``."""
+    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
+    out_dtype = q.dtype
+    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    B, T, H, Dk = q.shape
+    Dv = v.shape[-1]
+    # (token range, state rows) of each independent run.
+    runs = [(0, T, 0, B)] if offsets is None else [(a, b, i, i + 1) for i, (a, b) in enumerate(pairwise(offsets))]
+    outputs, finals = [], []
+    for start, end, s0, s1 in runs:
+        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
+        for a in range(start, end, block):
+            b = min(a + block, end)
+            o, S = step(q[:, a:b], k[:, a:b], v[:, a:b], g[:, a:b], beta[:, a:b], S)
+            outputs.append(o)
+        finals.append(S)
+    o = torch.cat(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
+    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
+
+
 def naive_recurrent_kda(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -140,28 +172,94 @@ def naive_recurrent_kda(
     ``[N, H, Dk, Dv]`` (N = B, or the number of sequences with ``cu_seqlens`` ``[N+1]``, which needs B = 1).
     Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] or None)``.
     """
-    offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
-    out_dtype = q.dtype
-    q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
-    B, T, H, Dk = q.shape
-    Dv = v.shape[-1]
-    # (token range, state rows): the whole batch at once, or one packed sequence at a time.
-    if offsets is None:
-        segments = [(0, T, 0, B)]
-    else:
-        segments = [(a, b, i, i + 1) for i, (a, b) in enumerate(pairwise(offsets))]
-    outputs, finals = [], []
-    for start, end, s0, s1 in segments:
-        S = q.new_zeros(s1 - s0, H, Dk, Dv) if h0 is None else h0[s0:s1]
-        for t in range(start, end):
-            S = S * g[:, t].exp()[..., None]
-            prediction = (S * k[:, t, :, :, None]).sum(-2)
-            delta = beta[:, t, :, None] * (v[:, t] - prediction)
-            S = S + k[:, t, :, :, None] * delta[:, :, None, :]
-            outputs.append((S * q[:, t, :, :, None]).sum(-2))
-        finals.append(S)
-    o = torch.stack(outputs, 1) if outputs else v.new_zeros(B, 0, H, Dv)
-    return o.to(out_dtype), torch.cat(finals) if output_final_state else None
+    return _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                        1, _naive_token_step)
+
+
+def _naive_token_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, S: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One token: q, k, g ``[N, 1, H, Dk]`` (q scaled), v ``[N, 1, H, Dv]``, beta ``[N, 1, H]``, state S
+    ``[N, H, Dk, Dv]``. Returns ``(o [N, 1, H, Dv], next S)``: the recurrence of the module docstring."""
+    q, k, v, g, beta = (x[:, 0] for x in (q, k, v, g, beta))
+    S = S * g.exp()[..., None]
+    prediction = (S * k[..., None]).sum(-2)
+    delta = beta[..., None] * (v - prediction)
+    S = S + k[..., None] * delta[..., None, :]
+    return (S * q[..., None]).sum(-2)[:, None], S
+
+
+def naive_chunk_kda(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    scale: float | None = None,
+    initial_state: torch.Tensor | None = None,
+    output_final_state: bool = False,
+    use_qk_l2norm: bool = False,
+    cu_seqlens: torch.Tensor | None = None,
+) -> _Out:
+    """Reference chunked KDA: the WY/UT algebra of :func:`chunk_kda` written plainly, one chunk at a time.
+
+    Same contract as :func:`chunk_kda` (and :func:`naive_recurrent_kda`, which it equals up to rounding):
+    q, k, g ``[B, T, H, Dk]``; v ``[B, T, H, Dv]``; beta ``[B, T, H]``; initial_state ``[N, H, Dk, Dv]``;
+    cu_seqlens ``[N+1]`` (B = 1). Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] or None)``.
+    Each sequence is cut into chunks of ``CHUNK`` tokens (the last one shorter, no padding); every chunk is one
+    call of :func:`_naive_chunk_step`. Readable and differentiable, not fast: for tests and for reading.
+    """
+    return _walk_blocks(q, k, v, g, beta, scale, initial_state, output_final_state, use_qk_l2norm, cu_seqlens,
+                        CHUNK, _naive_chunk_step)
+
+
+def _naive_chunk_step(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, g: torch.Tensor, beta: torch.Tensor, S: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One chunk of L tokens: q, k, g ``[N, L, H, Dk]`` (q scaled), v ``[N, L, H, Dv]``, beta ``[N, L, H]``, and
+    the state entering the chunk S ``[N, H, Dk, Dv]``. Returns ``(o [N, L, H, Dv], state leaving the chunk)``.
+
+    With ``G`` the in-chunk cumulative log decay and ``Γ = exp(G)``, unrolling the recurrence over the chunk gives
+    the state after token i as ``Γ_i S + sum_{j<=i} (k_j Γ_i / Γ_j) u_j^T``, where ``u_j`` is token j's delta
+    ``beta_j (v_j - prediction_j)``. The predictions read S and the earlier deltas, so the deltas solve the unit
+    lower-triangular system ``(I + A_kk) U_new = diag(beta) (V - (K Γ) S)``: the UT transform.
+    """
+    q, k, v, g = (x.transpose(1, 2) for x in (q, k, v, g))  # [N, H, L, D]: one chunk per (sequence, head)
+    beta = beta.transpose(1, 2)  # [N, H, L]
+    L = q.shape[-2]
+    G = g.cumsum(-2)  # [N, H, L, Dk], non-increasing along L
+
+    # decay[i, j, d] = Γ_id / Γ_jd = exp(G_id - G_jd) for j <= i, else 0 (masked before the exp: would overflow).
+    causal = torch.ones(L, L, dtype=torch.bool, device=q.device).tril()
+    decay = (G[..., :, None, :] - G[..., None, :, :]).masked_fill(~causal[:, :, None], float("-inf")).exp()
+
+    # A_kk[i, j] = beta_i k_i . (k_j Γ_i / Γ_j) for j < i: how token j's delta enters token i's prediction.
+    A_kk = torch.einsum("nhid,nhjd,nhijd->nhij", k, k, decay).tril(-1) * beta[..., :, None]
+    # A_qk[i, j] = q_i . (k_j Γ_i / Γ_j) for j <= i: how token j's delta enters token i's output.
+    A_qk = torch.einsum("nhid,nhjd,nhijd->nhij", q, k, decay)
+
+    # UT transform: M = (I + A_kk)^-1 by forward substitution, row i = e_i - sum_{j<i} A_kk[i, j] M[j].
+    eye = torch.eye(L, dtype=q.dtype, device=q.device).expand(*A_kk.shape)
+    rows: list[torch.Tensor] = []
+    for i in range(L):
+        earlier = torch.stack(rows, -2) if rows else eye[..., :0, :]  # [N, H, i, L]
+        rows.append(eye[..., i, :] - (A_kk[..., i, :i, None] * earlier).sum(-2))
+    M = torch.stack(rows, -2)  # [N, H, L, L], unit lower triangular
+
+    # WY form: W = M diag(beta) (K Γ) [N, H, L, Dk] and U = M diag(beta) V [N, H, L, Dv]; then the deltas.
+    Gamma = G.exp()
+    W = M @ (beta[..., None] * k * Gamma)
+    U = M @ (beta[..., None] * v)
+    U_new = U - W @ S  # [N, H, L, Dv]
+
+    # Output: the decayed incoming state read by (q Γ), plus this chunk's deltas weighted by A_qk.
+    o = (q * Gamma) @ S + A_qk @ U_new
+
+    # State leaving the chunk: S decayed by the whole chunk, plus each delta decayed from its token to the end.
+    G_last = G[..., -1:, :]  # [N, H, 1, Dk]
+    S = S * G_last.exp().transpose(-1, -2) + (k * (G_last - G).exp()).transpose(-1, -2) @ U_new
+    return o.transpose(1, 2), S
 
 
 def _pad_varlen(offsets: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

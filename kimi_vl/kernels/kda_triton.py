@@ -45,9 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-CHUNK = 64
-SUB_CHUNK = 16
-L2_EPS = 1e-6
+from kimi_vl.kernels.kda import CHUNK, L2_EPS, SUB_CHUNK
 
 
 def interpreting() -> bool:

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -49,13 +47,6 @@ class KimiDeltaAttention(nn.Module):
         self.g_b_proj = nn.Linear(d, proj, bias=False)
         self.o_norm = GatedRMSNorm(d, eps=config.rms_norm_eps)
         self.o_proj = nn.Linear(proj, hidden, bias=False)
-
-    @torch.no_grad()
-    def reset_gate_parameters(self) -> None:
-        """fla / Mamba init: `A_log = log U(1, 16)`, `dt_bias = softplus^-1(dt)`, `dt ~ logU(1e-3, 1e-1)`."""
-        self.A_log.copy_(torch.empty_like(self.A_log).uniform_(1.0, 16.0).log())
-        dt = torch.empty_like(self.dt_bias).uniform_(math.log(1e-3), math.log(1e-1)).exp().clamp_min(1e-4)
-        self.dt_bias.copy_(dt + torch.log(-torch.expm1(-dt)))
 
     def forward(
         self,

@@ -178,8 +178,8 @@ def _types(rows, key):
     return {type(r[key]).__name__ for r in rows}
 
 
-def test_mmlu_pro_rows_schema(shared_data):
-    real = [json.loads(line) for line in open(shared_data / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl")]
+def test_mmlu_pro_rows_schema(benchmark_samples):
+    real = [json.loads(line) for line in open(benchmark_samples / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl")]
     rows = mmlu_pro_rows(40, seed=0)
     assert rows == mmlu_pro_rows(40, seed=0) and rows != mmlu_pro_rows(40, seed=1)
     expected = (set(real[0]) - {"generated_text", "pred"}) | {"cot_content"}  # the test dump has outputs, no CoT
@@ -198,8 +198,8 @@ def test_mmlu_pro_rows_schema(shared_data):
     assert len({r["question_id"] for r in rows}) == len(rows)
 
 
-def test_mathvista_rows_schema(shared_data, tmp_path):
-    real = json.loads((shared_data / "mathvista" / "testmini.json").read_text())
+def test_mathvista_rows_schema(benchmark_samples, tmp_path):
+    real = json.loads((benchmark_samples / "mathvista" / "testmini.json").read_text())
     real_rows = list(real.values())
     rows = mathvista_rows(40, seed=0, image_dir=tmp_path)
     assert list(rows) == [str(i + 1) for i in range(40)]

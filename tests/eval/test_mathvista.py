@@ -29,8 +29,8 @@ def test_stored_predictions_match_except_the_old_integer_rule(mathvista_outputs)
                for p in differ)
 
 
-def test_compute_scores_reproduces_the_official_scores_file(shared_data, mathvista_outputs):
-    official = json.loads((shared_data / "mathvista" / "scores_llava_llama_2_13b.json").read_text(encoding="utf-8"))
+def test_compute_scores_reproduces_the_official_scores_file(benchmark_samples, mathvista_outputs):
+    official = json.loads((benchmark_samples / "mathvista" / "scores_llava_llama_2_13b.json").read_text(encoding="utf-8"))
     results = {pid: {**row, "true_false": mv.is_correct(row, row["extraction"])}
                for pid, row in mathvista_outputs.items()}
     scores = mv.compute_scores(results)

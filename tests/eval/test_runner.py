@@ -4,6 +4,7 @@ Kimi-VL model (with images), reports, the CLI entry points, and resuming an inte
 import argparse
 import json
 import random
+import shutil
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -26,11 +27,11 @@ MATHVISTA_PIDS = ("5", "6", "7")  # multiple choice, free-form integer rows of t
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory, shared_data):
+def data_dir(tmp_path_factory, benchmark_samples):
     """DIR/mmlu_pro/{test.parquet,validation.jsonl} and DIR/mathvista/{testmini.json,images/} from the fixtures."""
     root = tmp_path_factory.mktemp("data")
     rows = {}
-    with open(shared_data / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl", encoding="utf-8") as f:
+    with open(benchmark_samples / "mmlu_pro" / "llama2_7b_5shot_outputs_sample.jsonl", encoding="utf-8") as f:
         for line in f:
             r = json.loads(line)
             rows[r["question_id"]] = {k: r[k] for k in ("question_id", "question", "options", "answer", "answer_index",
@@ -40,7 +41,7 @@ def data_dir(tmp_path_factory, shared_data):
                    root / "mmlu_pro" / "test-00000-of-00001.parquet")
     (root / "mmlu_pro" / "validation.jsonl").write_text(
         "".join(json.dumps({**rows[q], "cot_content": c}) + "\n" for q, c in MMLU_VAL.items()), encoding="utf-8")
-    testmini = json.loads((shared_data / "mathvista" / "testmini.json").read_text(encoding="utf-8"))
+    testmini = json.loads((benchmark_samples / "mathvista" / "testmini.json").read_text(encoding="utf-8"))
     (root / "mathvista" / "images").mkdir(parents=True)
     (root / "mathvista" / "testmini.json").write_text(json.dumps({p: testmini[p] for p in MATHVISTA_PIDS}))
     for i, pid in enumerate(MATHVISTA_PIDS):
@@ -203,3 +204,20 @@ def test_argument_errors(tmp_path, llama_dir, data_dir):
     with pytest.raises(DataUnavailableError, match="testmini"):  # data is checked before the model is loaded
         runner.evaluate(tmp_path, "mathvista", tmp_path / "o", data_dir=tmp_path)
     assert cut_at_stop("abc Question: next", ["Question:"]) == "abc "
+
+
+def test_zero_shot_needs_no_validation_split(tmp_path, data_dir, llama_dir):
+    no_val = tmp_path / "data"
+    (no_val / "mmlu_pro").mkdir(parents=True)
+    shutil.copy(data_dir / "mmlu_pro" / "test-00000-of-00001.parquet", no_val / "mmlu_pro")
+    parser = argparse.ArgumentParser()
+    runner.add_eval_arguments(parser)
+    args = parser.parse_args(["--model", str(llama_dir), "--tasks", "mmlu_pro", "--out", str(tmp_path / "o"),
+                              "--data-dir", str(no_val), "--num-shots", "0", "--max-new-tokens", "2", "--no-progress"])
+    report = runner.run_eval_from_args(args)
+    assert report["tasks"]["mmlu_pro"]["total"] == len(MMLU_TEST_IDS)
+    assert {r["shots"] for r in json.loads((tmp_path / "o" / "results.mmlu_pro.json").read_text())} == {0}
+    with pytest.raises(DataUnavailableError, match=r"no 'validation' data file .*--num-shots 0"):
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o1", data_dir=no_val, num_shots=1)
+    with pytest.raises(ConfigError, match="num_shots must be >= 0"):
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o2", data_dir=no_val, num_shots=-1)

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from kimi_vl.errors import ShapeError
-from kimi_vl.kernels import chunk_kda, fused_recurrent_kda, naive_recurrent_kda
+from kimi_vl.kernels import chunk_kda, fused_recurrent_kda, naive_chunk_kda, naive_recurrent_kda
 from kimi_vl.kernels.kda import _DiagBlockScores
 
 NAMES = ("o", "ht", "dq", "dk", "dv", "dg", "dbeta", "dh0")
@@ -207,3 +207,25 @@ def test_cu_seqlens_needs_batch_one():
     q, k, v, g, beta, _ = make_inputs(B=1, T=10, dtype=torch.float32)
     with pytest.raises(ShapeError, match="cu_seqlens"):
         chunk_kda(q, k, v, g, beta, cu_seqlens=torch.tensor([0, 4, 9]))
+
+
+@pytest.mark.parametrize("T", [1, 63, 65, 130])
+@pytest.mark.parametrize("use_h0,l2", [(True, True), (False, False)])
+def test_naive_chunk_matches_the_recurrence_float64(T, use_h0, l2):
+    inputs = make_inputs(B=2, T=T, H=2, Dk=16, Dv=24)
+    if not l2:
+        inputs[:2] = [F.normalize(x, dim=-1) for x in inputs[:2]]
+    ref = run(naive_recurrent_kda, inputs, use_h0, use_qk_l2norm=l2, scale=0.4)
+    out = run(naive_chunk_kda, inputs, use_h0, use_qk_l2norm=l2, scale=0.4)
+    for name in NAMES:
+        assert (out[name] - ref[name]).abs().max().item() < 1e-10, name
+
+
+@pytest.mark.parametrize("use_h0", [True, False])
+def test_naive_chunk_varlen_matches_the_recurrence_float64(use_h0):
+    cu = torch.tensor([0, 15, 100, 101, 170], dtype=torch.int32)  # chunk-crossing, one-token and odd lengths
+    inputs = make_inputs(B=1, T=170, H=2, Dk=16, Dv=24, n_state=4)
+    ref = run(naive_recurrent_kda, inputs, use_h0, use_qk_l2norm=True, cu_seqlens=cu)
+    out = run(naive_chunk_kda, inputs, use_h0, use_qk_l2norm=True, cu_seqlens=cu)
+    for name in NAMES:
+        assert (out[name] - ref[name]).abs().max().item() < 1e-10, name

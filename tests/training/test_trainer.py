@@ -117,14 +117,14 @@ def test_interrupted_checkpoint_write_never_loads(tmp_path, monkeypatch):
     good = ckpt.latest_checkpoint(tmp_path / "state")
     assert good is not None and good.name == "step_00000002"
 
-    real_save = torch.save
+    real_save = ckpt.save_file
 
-    def dying_save(obj, f, *a, **k):
-        if str(f).endswith("rng.pt"):
+    def dying_save(tensors, filename, *a, **k):
+        if str(filename).endswith("rng.safetensors"):
             raise OSError("disk full")
-        return real_save(obj, f, *a, **k)
+        return real_save(tensors, filename, *a, **k)
 
-    monkeypatch.setattr(torch, "save", dying_save)
+    monkeypatch.setattr(ckpt, "save_file", dying_save)
     with pytest.raises(OSError):
         ckpt.save_checkpoint(tmp_path / "state", 3, model=model, optimizer=trainer.optimizer, trainer_state={})
     monkeypatch.undo()

@@ -1,0 +1,149 @@
+"""Training-state checkpoints: exact optimizer and RNG round trips without pickles, a manifest that catches damaged
+files, resume falling back past a damaged newest checkpoint, and pickles in a checkpoint folder never loaded."""
+
+import json
+import random
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from kimi_vl.errors import CheckpointError
+from kimi_vl.training import checkpoint as ckpt
+from kimi_vl.training.muonclip import MuonClip
+from kimi_vl.training.trainer import Trainer, read_metrics
+from tests.training.test_trainer import CountingData, cfg, tiny_lm
+
+OPTIMIZERS = {"muonclip": lambda m: MuonClip(m, lr=1e-2), "adamw": lambda m: torch.optim.AdamW(m.parameters(), 1e-2)}
+
+
+def _train_steps(model, optimizer, steps, start=0):
+    data = CountingData()
+    for i in range(start, start + steps):
+        batch = data.batch(i)
+        optimizer.zero_grad()
+        model(**batch.model_inputs()).loss.backward()
+        optimizer.step()
+
+
+def _assert_same_state(a, b, where="state"):
+    """Equal nested optimizer state: same types (tuples stay tuples), tensors equal in value, dtype and shape."""
+    assert type(a) is type(b), where
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for k in a:
+            _assert_same_state(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            _assert_same_state(x, y, f"{where}/{i}")
+    else:
+        assert a == b, where
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_optimizer_and_rng_round_trip_exactly(tmp_path, kind):
+    model = tiny_lm()
+    optimizer = OPTIMIZERS[kind](model)
+    _train_steps(model, optimizer, 2)
+    random.seed(3)
+    np.random.seed(4)
+    path = ckpt.save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer, trainer_state={"tokens": 7})
+    assert sorted(p.name for p in path.iterdir()) == sorted((*ckpt.STATE_FILES, ckpt.MANIFEST))
+    draws = (random.random(), np.random.rand(), torch.rand(3))
+
+    restored = tiny_lm(seed=5)
+    restored_optimizer = OPTIMIZERS[kind](restored)
+    assert ckpt.load_checkpoint(path, model=restored, optimizer=restored_optimizer) == {"step": 2, "tokens": 7}
+    assert draws[0] == random.random() and draws[1] == np.random.rand() and torch.equal(draws[2], torch.rand(3))
+    _assert_same_state(optimizer.state_dict(), restored_optimizer.state_dict())
+    _train_steps(model, optimizer, 2, start=2)  # and both continue identically
+    _train_steps(restored, restored_optimizer, 2, start=2)
+    for (name, p), q in zip(model.named_parameters(), restored.parameters()):
+        assert torch.equal(p, q), name
+
+
+def _damage(path, how):
+    if how == "truncated":
+        with open(path, "r+b") as f:
+            f.truncate(path.stat().st_size // 2)
+    else:  # one byte flipped, same size
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("optimizer,how,name", [("muonclip", "truncated", "model.safetensors"),
+                                                 ("adamw", "altered", "optimizer.safetensors")])
+def test_damaged_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, optimizer, how, name):
+    config = cfg(steps=6, checkpoint_every=2, optimizer=optimizer)
+    Trainer(tiny_lm(), CountingData(), config, tmp_path).train()
+    reference = read_metrics(tmp_path / "metrics.jsonl")
+    state = tmp_path / "state"
+    assert [p.name for p in ckpt.list_checkpoints(state)] == ["step_00000004", "step_00000006"]
+    _damage(state / "step_00000006" / name, how)
+
+    with pytest.warns(UserWarning, match=rf"skipping the training checkpoint step_00000006: .*{name}"):
+        resumed = Trainer(tiny_lm(seed=9), CountingData(), config, tmp_path)
+        resumed.train()
+    got = read_metrics(tmp_path / "metrics.jsonl")
+    assert [m["step"] for m in got] == list(range(1, 7))
+    for a, b in zip(reference, got):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["max_logits"] == b["max_logits"]
+    assert [p.name for p in ckpt.list_checkpoints(state)] == ["step_00000004", "step_00000006"]
+    ckpt.verify_checkpoint(state / "step_00000006")  # rewritten by the resumed run
+
+
+def test_no_verified_checkpoint_stops_naming_the_bad_files(tmp_path):
+    model = tiny_lm()
+    optimizer = OPTIMIZERS["adamw"](model)
+    for step in (1, 2):
+        ckpt.save_checkpoint(tmp_path, step, model=model, optimizer=optimizer, trainer_state={})
+    _damage(tmp_path / "step_00000002" / "rng.json", "truncated")
+    (tmp_path / "step_00000001" / ckpt.MANIFEST).write_text(json.dumps({"format": ckpt.FORMAT, "version": 2}))
+    with pytest.warns(UserWarning), pytest.raises(CheckpointError) as info:
+        ckpt.latest_checkpoint(tmp_path)
+    message = str(info.value)
+    assert "step_00000002/rng.json has" in message and "truncated" in message
+    assert "step_00000001/manifest.json is not a valid checkpoint manifest" in message
+    with pytest.raises(CheckpointError, match="rng.json"):
+        ckpt.load_checkpoint(tmp_path / "step_00000002", model=model, optimizer=optimizer)
+    assert ckpt.latest_checkpoint(tmp_path / "nothing here") is None
+
+
+class _WritesMarker:
+    """A pickle that creates a file when it is loaded."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_pickles_in_a_checkpoint_folder_are_never_loaded(tmp_path):
+    marker = tmp_path / "unpickled"
+    model = tiny_lm()
+    optimizer = OPTIMIZERS["adamw"](model)
+    good = ckpt.save_checkpoint(tmp_path / "state", 2, model=model, optimizer=optimizer, trainer_state={})
+    # An old-format checkpoint (optimizer.pt / rng.pt pickles, no manifest) beside and above it is refused...
+    old = tmp_path / "state" / "step_00000004"
+    shutil.copytree(good, old)
+    for name in ("optimizer.safetensors", "optimizer.json", "rng.safetensors", "rng.json"):
+        (old / name).unlink()
+    (old / ckpt.MANIFEST).unlink()
+    for name in ckpt.PICKLE_FILES:
+        torch.save(_WritesMarker(marker), old / name)
+    with pytest.raises(CheckpointError, match="old format"):
+        ckpt.load_checkpoint(old, model=model, optimizer=optimizer)
+    with pytest.warns(UserWarning, match="old format"):
+        assert ckpt.latest_checkpoint(tmp_path / "state") == good
+    # ... and a pickle dropped into a verified checkpoint is ignored.
+    torch.save(_WritesMarker(marker), good / "optimizer.pt")
+    ckpt.load_checkpoint(good, model=model, optimizer=optimizer)
+    assert not marker.exists()
+    torch.load(good / "optimizer.pt", weights_only=False)  # the payload is live: loading it would have run it
+    assert marker.exists()
