@@ -32,6 +32,7 @@ import hashlib
 import json
 import os
 import tarfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -303,31 +304,36 @@ class TarShard:
     def __len__(self) -> int:
         return len(self.index)
 
-    def read(self, i: int) -> dict[str, Any]:
-        offset, count = (int(x) for x in self.index[i])
+    def _members(self, i: int, count: int) -> Iterator[tuple[tarfile.TarInfo, Any]]:
+        """The first `count` file members of sample `i` (headers read with `TarInfo.fromtarfile`)."""
         f = self._file.get()
         f.seek(0)
         tar = tarfile.open(fileobj=f, mode="r:")
-        tar.offset = offset
+        position, seen = int(self.index[i, 0]), 0
+        while seen < count:
+            f.seek(position)
+            try:
+                info = tarfile.TarInfo.fromtarfile(tar)
+            except tarfile.HeaderError as exc:
+                raise BadRecordError(f"the shard ends inside this sample (truncated tar: {exc})") from exc
+            position = tar.offset
+            if info.isfile():
+                seen += 1
+                yield info, f
+
+    def read(self, i: int) -> dict[str, Any]:
         row: dict[str, Any] = {}
-        for _ in range(count):
-            m = tar.next()
-            if m is None:
-                raise BadRecordError("the shard ends inside this sample (truncated tar)")
-            key, ext = _split_member(m.name)
-            row["__key__"] = key
-            row[ext] = tar.extractfile(m).read()
+        for info, f in self._members(i, int(self.index[i, 1])):
+            key, ext = _split_member(info.name)
+            f.seek(info.offset_data)
+            row["__key__"], row[ext] = key, f.read(info.size)
         if "txt" in row:
             row["txt"] = row["txt"].decode("utf-8", "replace")
         return row
 
     def where(self, i: int) -> str:
-        f = self._file.get()
-        f.seek(0)
-        tar = tarfile.open(fileobj=f, mode="r:")
-        tar.offset = int(self.index[i, 0])
-        m = tar.next()
-        return _split_member(m.name)[0] if m is not None else str(i)
+        info, _ = next(self._members(i, 1))
+        return _split_member(info.name)[0]
 
 
 # --------------------------------------------------------------------------------------------------------- text files

@@ -8,13 +8,14 @@ Every reward lies in [0, 1]; higher is better. `reward(sample, response)` dispat
 | "number"    | `number_reward`    | 1 if the extracted number is within tolerance of `sample.answer`, else 0    |
 | "count"     | `count_reward`     | `max(0, 1 - abs(pred - true) / max(abs(true), 1))`; 0 without a number      |
 | "ocr"       | `ocr_reward`       | `1 - levenshtein(pred, true) / max(len(pred), len(true))`, normalised texts |
+| "exact"     | `exact_reward`     | 1 if the extracted answer equals `sample.answer` after `normalise_text`     |
 | "grounding" | `grounding_reward` | soft F1 of predicted vs true boxes under the optimal one-to-one IoU match   |
 | "html"      | `html_reward`      | mean of the tag-sequence similarity and the text-token F1 of the two pages  |
 
 Answer extraction (`extract_*`) follows the formats the synthetic world's target responses use, e.g.
 `"... The answer is (B)."`, `"... The answer is 7."`, `"The answer is [[1, 2, 30, 40]]."`: the text after the
-**last** "answer is" wins (a model may restate intermediate answers); without that phrase each extractor falls back
-to a format-specific rule (MMLU-Pro's `Answer: X` and last standalone letter for choices, the last number for
+**last** "answer is" wins (a model may restate intermediate answers), and a `\\boxed{...}` (the convention of math
+prompts such as verl's) wins over both; without either, each extractor falls back to a format-specific rule (MMLU-Pro's `Answer: X` and last standalone letter for choices, the last number for
 numbers, the whole response for OCR, every box in the response for grounding).
 
 Only attributes of `sample` are read (`reward`, `answer`, `choices`, `meta`), so any object with those attributes
@@ -37,7 +38,7 @@ from typing import Any
 from ..edit_distance import levenshtein
 from ..errors import ConfigError
 
-REWARD_KINDS: tuple[str, ...] = ("choice", "number", "count", "ocr", "grounding", "html")
+REWARD_KINDS: tuple[str, ...] = ("choice", "number", "count", "ocr", "exact", "grounding", "html")
 """The values of `sample.reward` that `reward` understands."""
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
@@ -56,10 +57,26 @@ def _after_last_answer_is(text: str) -> str | None:
     return None if last is None else text[last.end():]
 
 
+def last_boxed(text: str) -> str | None:
+    """The content of the last `\\boxed{...}` of `text` (braces balanced), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1: j].strip()
+    return None
+
+
 def extract_answer(response: str) -> str:
-    """The final answer as text: what follows the last "answer is" (case-insensitive) up to the end of its line,
-    without one trailing period, the parentheses of a single letter `(B)` and one pair of surrounding quotes; the
-    whole stripped response when the phrase is absent."""
+    """The final answer as text: the content of the last `\\boxed{...}` when there is one; else what follows the last
+    "answer is" (case-insensitive) up to the end of its line, without one trailing period, the parentheses of a
+    single letter `(B)` and one pair of surrounding quotes; the whole stripped response when neither is there."""
+    boxed = last_boxed(response)
+    if boxed is not None:
+        return boxed
     tail = _after_last_answer_is(response)
     if tail is None:
         return response.strip()
@@ -113,8 +130,11 @@ def parse_numbers(text: str) -> list[float]:
 
 
 def extract_number(response: str) -> float | None:
-    """The answer as a number: the first number after the last "answer is", else the last number of the response;
-    None when there is none."""
+    """The answer as a number: the first number in the last `\\boxed{...}`, else the first number after the last
+    "answer is", else the last number of the response; None when there is none."""
+    boxed = last_boxed(response)
+    if boxed is not None and (numbers := parse_numbers(boxed)):
+        return numbers[0]
     tail = _after_last_answer_is(response)
     if tail is not None:
         numbers = parse_numbers(tail)
@@ -352,17 +372,23 @@ def html_reward(response: str, html: str) -> float:
     return 0.5 * tags + 0.5 * token_f1(pred_words, true_words)
 
 
+def exact_reward(response: str, answer: str) -> float:
+    """1.0 when the extracted answer (`extract_answer`) equals `answer` after `normalise_text`, else 0.0."""
+    return float(normalise_text(extract_answer(response)) == normalise_text(str(answer)))
+
+
 def format_reward(response: str, kind: str) -> float:
     """1.0 when `response` holds an answer in the format of `kind` (a `REWARD_KINDS` value), else 0.0:
-    choice -> an option letter can be extracted; number / count -> a number; ocr -> an "answer is" phrase followed by
-    text; grounding -> at least one box; html -> at least one tag."""
+    choice -> an option letter can be extracted; number / count -> a number; ocr / exact -> a `\\boxed{}` or an "answer
+    is" phrase followed by text; grounding -> at least one box; html -> at least one tag."""
     _check_kind(kind)
     if kind == "choice":
         return float(extract_choice(response) is not None)
     if kind in ("number", "count"):
         return float(extract_number(response) is not None)
-    if kind == "ocr":
-        tail = _after_last_answer_is(response)
+    if kind in ("ocr", "exact"):
+        tail = last_boxed(response)
+        tail = _after_last_answer_is(response) if tail is None else tail
         return float(tail is not None and bool(tail.strip().strip(".")))
     if kind == "grounding":
         return float(bool(extract_boxes(response)))
@@ -426,6 +452,8 @@ def reward(sample: Any, response: str, *, max_tokens: int | None = None, num_tok
         value = count_reward(response, answer)
     elif kind == "ocr":
         value = ocr_reward(response, answer)
+    elif kind == "exact":
+        value = exact_reward(response, answer)
     elif kind == "grounding":
         value = grounding_reward(response, meta["boxes"] if meta.get("boxes") is not None else answer)
     else:
@@ -442,6 +470,7 @@ __all__ = [
     "box_iou",
     "choice_reward",
     "count_reward",
+    "exact_reward",
     "extract_answer",
     "extract_boxes",
     "extract_choice",
@@ -451,6 +480,7 @@ __all__ = [
     "grounding_reward",
     "html_reward",
     "html_structure",
+    "last_boxed",
     "levenshtein",
     "max_weight_matching",
     "normalise_text",

@@ -10,6 +10,7 @@ from kimi_vl.training.rewards import (
     box_iou,
     choice_reward,
     count_reward,
+    exact_reward,
     extract_answer,
     extract_boxes,
     extract_choice,
@@ -18,6 +19,7 @@ from kimi_vl.training.rewards import (
     format_reward,
     grounding_reward,
     html_reward,
+    last_boxed,
     levenshtein,
     max_weight_matching,
     normalise_text,
@@ -229,7 +231,7 @@ def test_reward_with_token_budget():
 
 
 def test_reward_unknown_kind():
-    with pytest.raises(ConfigError, match="choice, number, count, ocr, grounding, html"):
+    with pytest.raises(ConfigError, match="choice, number, count, ocr, exact, grounding, html"):
         reward(Stub("vibes", "x"), "x")
 
 
@@ -241,3 +243,14 @@ def test_world_target_responses_score_one():
             sample = world.make_sample(task, random.Random(seed))
             assert reward(sample, sample.response) == pytest.approx(1.0), (task, sample.response[:200], sample.answer)
             assert format_reward(sample.response, sample.reward) == 1.0
+
+
+def test_boxed_answers_and_the_exact_reward():
+    """`\\boxed{}` (verl-style math prompts) wins over "answer is"; `exact` compares normalised texts."""
+    assert last_boxed(r"first \boxed{1} then \boxed{\frac{3}{2}} end") == r"\frac{3}{2}"
+    assert last_boxed(r"\boxed{unclosed") is None and last_boxed("none") is None
+    assert extract_number(r"The answer is 3. Finally \boxed{12}.") == 12.0
+    assert extract_answer(r"so x = \boxed{ABC}") == "ABC"
+    assert exact_reward(r"so x = \boxed{ Abc  }", "abc") == 1.0 and exact_reward("The answer is Abd.", "abc") == 0.0
+    assert reward(Stub("exact", "Paris"), "The answer is paris.") == 1.0
+    assert format_reward(r"\boxed{x}", "exact") == 1.0 and format_reward("nothing", "exact") == 0.0

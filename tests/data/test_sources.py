@@ -1,0 +1,174 @@
+"""Random-access readers of users' files (`kimi_vl.data.sources`): indexes against the formats' own parsers, cached
+indexes, tar shards, Hugging Face datasets (local, through a stand-in `load_dataset`), `SRC=WEIGHT` and folders."""
+
+import json
+import random
+
+import numpy as np
+import pytest
+
+from kimi_vl.data import sources
+from kimi_vl.data.sources import (
+    JsonArrayFile,
+    JsonlFile,
+    ParquetFile,
+    TarShard,
+    data_files,
+    json_array_spans,
+    open_file,
+    open_source,
+    parse_hub_name,
+    split_weight,
+)
+from kimi_vl.errors import BadRecordError, ConfigError, DataError
+from tests.data.userdata import write_user_data
+
+
+@pytest.fixture(scope="module")
+def user_data(tmp_path_factory):
+    return write_user_data(tmp_path_factory.mktemp("userdata"))
+
+
+def test_jsonl_skips_blank_lines_and_reports_line_numbers(tmp_path):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"a": 1}\n\n   \n{"a": 2}\r\n{bad\n{"a": 3}')  # no final newline
+    f = JsonlFile(path)
+    assert len(f) == 4
+    assert [f.read(i) for i in (0, 1, 3)] == [{"a": 1}, {"a": 2}, {"a": 3}]
+    assert [f.where(i) for i in range(4)] == [1, 4, 5, 6]
+    with pytest.raises(BadRecordError, match="malformed JSON"):
+        f.read(2)
+
+
+def _adversarial_rows(n: int, seed: int) -> list:
+    rng = random.Random(seed)
+    pieces = ['\\', '"', ',', '[', ']', '{', '}', '\\\\', '\\"', 'é', '\n', 'x' * 50]
+    return [{"text": "".join(rng.choice(pieces) for _ in range(rng.randint(0, 12))),
+             "nested": [[rng.random(), {"k": "]"}]] if i % 3 else {}} for i in range(n)]
+
+
+@pytest.mark.parametrize("block", [7, 64, 1 << 20])
+def test_json_array_scan_matches_json_load(tmp_path, monkeypatch, block):
+    """Strings full of quotes, backslashes, commas and brackets, cut by block boundaries anywhere: the scan finds
+    exactly the elements `json.load` sees."""
+    monkeypatch.setattr(sources, "BLOCK", block * 4)  # the scan reads BLOCK // 4 bytes at a time
+    rows = _adversarial_rows(60, block)
+    path = tmp_path / "rows.json"
+    path.write_text(json.dumps(rows, indent=2 if block == 64 else None))
+    spans = json_array_spans(path)
+    data = path.read_bytes()
+    assert [json.loads(data[a:b]) for a, b in spans[:, :2]] == rows
+    f = JsonArrayFile(path)
+    assert len(f) == 60 and f.read(17) == rows[17] and f.where(17) == 17
+
+
+def test_json_array_edge_cases(tmp_path):
+    (tmp_path / "empty.json").write_text(" [ ] ")
+    assert len(open_file(tmp_path / "empty.json")) == 0
+    (tmp_path / "obj.json").write_text('{"a": 1}\n{"a": 2}\n')  # .json holding JSON lines
+    assert isinstance(open_file(tmp_path / "obj.json"), JsonlFile) and len(open_file(tmp_path / "obj.json")) == 2
+    (tmp_path / "open.json").write_text('[{"a": 1}, {"a": 2}')
+    with pytest.raises(DataError, match="not a JSON array"):
+        json_array_spans(tmp_path / "open.json")
+
+
+def test_indexes_are_cached_and_rebuilt_when_the_file_changes(tmp_path, monkeypatch):
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"a": 1}\n{"a": 2}\n')
+    assert len(JsonlFile(path)) == 2
+    calls = []
+    monkeypatch.setattr(sources, "jsonl_spans", lambda p: calls.append(p) or np.zeros((0, 3), np.int64))
+    assert len(JsonlFile(path)) == 2 and not calls  # read from the cache
+    path.write_text('{"a": 1}\n{"a": 2}\n{"a": 3}\n')
+    JsonlFile(path)
+    assert calls == [path]  # size changed: rebuilt
+
+
+def test_parquet_rows_round_trip(user_data, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rows = [{"id": i, "messages": [{"role": "user", "content": f"q{i}"}], "extra": {"x": [i, i + 1]}}
+            for i in range(50)]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "r.parquet", row_group_size=7)
+    f = ParquetFile(tmp_path / "r.parquet")
+    assert len(f) == 50 and [f.read(i) for i in (0, 6, 7, 49)] == [rows[i] for i in (0, 6, 7, 49)]
+    verl = ParquetFile(user_data["verl.parquet"])
+    assert verl.read(0)["reward_model"]["ground_truth"] == "1" and isinstance(verl.read(0)["images"][0]["bytes"],
+                                                                            bytes)
+    (tmp_path / "broken.parquet").write_bytes(b"PAR1 not parquet")
+    with pytest.raises(DataError, match="cannot be read as Parquet"):
+        ParquetFile(tmp_path / "broken.parquet")
+
+
+def test_tar_shards_group_members_by_key(user_data, tmp_path):
+    shard = TarShard(user_data["shards"] / "part-00001.tar")
+    assert len(shard) == 3
+    row = shard.read(1)
+    assert row["__key__"] == "sample11" and set(row) == {"__key__", "png", "json"}
+    assert json.loads(row["json"])["caption"] == "json caption 11" and shard.where(2) == "sample12"
+    (tmp_path / "x.tar").write_bytes(b"\x1f\x8b not a plain tar")
+    with pytest.raises(DataError, match="uncompressed tar"):
+        TarShard(tmp_path / "x.tar")
+
+
+def test_sources_weights_folders_and_globs(user_data, tmp_path):
+    assert split_weight("data/a.jsonl=2.5") == ("data/a.jsonl", 2.5)
+    assert split_weight("hf:org/name:cfg@train") == ("hf:org/name:cfg@train", None)
+    assert split_weight("a=b.jsonl") == ("a=b.jsonl", None)
+    with pytest.raises(ConfigError, match=">= 0"):
+        split_weight("a.jsonl=-1")
+    root = user_data["docs.jsonl"].parent
+    assert [p.name for p in data_files(str(root / "shards"))] == ["part-00000.tar", "part-00001.tar"]
+    assert [p.name for p in data_files(str(root / "*.parquet"))] == ["obelics.parquet", "verl.parquet"]
+    with pytest.raises(DataError, match="does not exist"):
+        data_files(str(tmp_path / "nothing"))
+    (tmp_path / "only-images").mkdir()
+    (tmp_path / "only-images" / "a.png").write_bytes(b"")
+    with pytest.raises(DataError, match="holds no data files"):
+        data_files(str(tmp_path / "only-images"))
+    src = open_source(f"{root / 'shards'}=3")
+    assert src.weight == 3.0 and len(src) == 6 and src.read(4)[0]["__key__"] == "sample11"
+    assert src.where(4) == (str(root / "shards" / "part-00001.tar"), "sample11")
+
+
+def test_fingerprint_ignores_mtime_but_sees_content(tmp_path):
+    import os
+
+    path = tmp_path / "a.jsonl"
+    path.write_text('{"text": "a"}\n')
+    before = open_source(str(path)).fingerprint()
+    os.utime(path, (1, 1))
+    assert open_source(str(path)).fingerprint() == before
+    path.write_text('{"text": "b"}\n')
+    assert open_source(str(path)).fingerprint() != before
+
+
+def test_hub_datasets_by_name(monkeypatch):
+    """`hf:` sources go through `datasets.load_dataset` (a local stand-in here: tests never download); image
+    columns come back as `{"bytes", "path"}` structs, not decoded."""
+    import datasets
+
+    from tests.data.userdata import image, png_bytes
+
+    calls = []
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        features = datasets.Features({"text": datasets.Value("string"), "image": datasets.Image()})
+        ds = datasets.Dataset.from_list([{"text": f"t{i}", "image": {"bytes": png_bytes(image(i)), "path": None}}
+                                         for i in range(4)], features=features)
+        return ds.to_iterable_dataset() if streaming else ds
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    assert parse_hub_name("hf:org/name:cfg@validation") == ("org/name", "cfg", "validation")
+    src = open_source("hf:org/name:cfg@validation")
+    row, _, base = src.read(2)
+    assert len(src) == 4 and row["text"] == "t2" and isinstance(row["image"]["bytes"], bytes) and base is None
+    assert calls == [("org/name", "cfg", "validation", False)]
+    stream = open_source("hf:org/name", streaming=True)  # read in order, lazily
+    assert stream.streaming and len(calls) == 1
+    assert [stream.read(i)[0]["text"] for i in (0, 1, 3, 1, 5)] == ["t0", "t1", "t3", "t1", "t1"]  # 5 wraps to 1
+    assert calls[-1] == ("org/name", None, "train", True) and len(calls) == 4  # a step back or a wrap restarts
+    with pytest.raises(ConfigError, match="names no dataset"):
+        parse_hub_name("hf:")
