@@ -138,38 +138,10 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
     if not shards:
         raise CheckpointError(f"no *.safetensors files in {src}; only safetensors checkpoints are supported.")
 
-    vision: dict[str, torch.Tensor] = {}
-    projector: dict[str, torch.Tensor] = {}
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                if model_type == "kimi_k25_vision":
-                    vision_key = key
-                else:
-                    vision_key = next((key[len(p):] for p in VISION_PREFIXES if key.startswith(p)), None)
-                if vision_key is not None:
-                    mapped = map_vision_key(vision_key)
-                    if mapped is not None and mapped[1] is None:
-                        vision[mapped[0]] = f.get_tensor(key)
-                    elif mapped is not None:
-                        qkv.setdefault(mapped[0], {})[mapped[1]] = f.get_tensor(key)
-                    continue
-                proj_key = next((key[len(p):] for p in PROJECTOR_PREFIXES if key.startswith(p)), None)
-                if proj_key is not None:
-                    stem, _, name = proj_key.rpartition(".")
-                    if stem in PROJECTOR_RENAMES:
-                        projector[f"{PROJECTOR_RENAMES[stem]}.{name}"] = f.get_tensor(key)
-
-    heads = config.num_attention_heads
-    for fused, parts in qkv.items():
-        if "wqkv" in parts:
-            q, k, v = parts["wqkv"].chunk(3, dim=0)
-            vision[fused] = torch.cat([rope_deinterleave(q, heads), rope_deinterleave(k, heads), v])
-        elif len(parts) == 3:
-            vision[fused] = torch.cat([parts["attn.q_proj"], parts["attn.k_proj"], parts["attn.v_proj"]])
-        else:
-            raise CheckpointError(f"{src}: {fused} needs q_proj, k_proj and v_proj; found only {sorted(parts)}.")
+    handles = [safe_open(str(shard), framework="pt") for shard in shards]
+    where = {key: h for h in handles for key in h.keys()}
+    vision, projector, _ = collect_vision_weights(where, lambda key: where[key].get_tensor(key), model_type,
+                                                  config.num_attention_heads, src)
     if not vision:
         raise CheckpointError(f"{src} holds no vision-tower weights (expected keys under {VISION_PREFIXES}).")
 
@@ -188,6 +160,49 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
         save_file({k: v.contiguous() for k, v in projector.items()}, str(dst / PROJECTOR_WEIGHTS),
                   metadata={"format": "pt"})
     return dst
+
+
+def collect_vision_weights(
+    keys, get, model_type: str, num_heads: int, src: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
+    """Our MoonViT and projector state dicts from a source's tensors (`keys`, `get(key) -> tensor`), reading only
+    the vision and projector tensors; also the keys under the vision / projector prefixes that map to nothing (the
+    caller decides whether they matter). The fused `qkv` is assembled (released `wqkv` de-interleaved)."""
+    vision: dict[str, torch.Tensor] = {}
+    projector: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    unknown: list[str] = []
+    for key in keys:
+        if model_type == "kimi_k25_vision":
+            vision_key = key
+        else:
+            vision_key = next((key[len(p):] for p in VISION_PREFIXES if key.startswith(p)), None)
+        if vision_key is not None:
+            mapped = map_vision_key(vision_key)
+            if mapped is not None and mapped[1] is None:
+                vision[mapped[0]] = get(key)
+            elif mapped is not None:
+                qkv.setdefault(mapped[0], {})[mapped[1]] = get(key)
+            else:
+                unknown.append(key)
+            continue
+        proj_key = next((key[len(p):] for p in PROJECTOR_PREFIXES if key.startswith(p)), None)
+        if proj_key is not None:
+            stem, _, name = proj_key.rpartition(".")
+            if stem in PROJECTOR_RENAMES:
+                projector[f"{PROJECTOR_RENAMES[stem]}.{name}"] = get(key)
+            else:
+                unknown.append(key)
+
+    for fused, parts in qkv.items():
+        if "wqkv" in parts:
+            q, k, v = parts["wqkv"].chunk(3, dim=0)
+            vision[fused] = torch.cat([rope_deinterleave(q, num_heads), rope_deinterleave(k, num_heads), v])
+        elif len(parts) == 3:
+            vision[fused] = torch.cat([parts["attn.q_proj"], parts["attn.k_proj"], parts["attn.v_proj"]])
+        else:
+            raise CheckpointError(f"{src}: {fused} needs q_proj, k_proj and v_proj; found only {sorted(parts)}.")
+    return vision, projector, unknown
 
 
 def check_complete(build, config: MoonViTConfig, state: dict[str, torch.Tensor], src: Path, what: str) -> None:
