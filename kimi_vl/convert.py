@@ -119,6 +119,13 @@ class _Source:
         files = sorted(src_dir.glob("*.safetensors"))
         if not files:
             raise CheckpointError(f"No *.safetensors files in {src_dir}; kimi-vl reads safetensors checkpoints only.")
+        index = src_dir / "model.safetensors.index.json"
+        if index.is_file():
+            listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
+            absent = sorted(name for name in listed if not (src_dir / name).is_file())
+            if absent:
+                raise CheckpointError(f"{src_dir}: shards listed in model.safetensors.index.json are missing: "
+                                      f"{absent[:3]}; download the complete checkpoint.")
         self.handles = [safe_open(str(f), framework="pt") for f in files]
         self.where = {key: h for h in self.handles for key in h.keys()}
 

@@ -163,13 +163,18 @@ class KimiTextConfig(PretrainedConfig):
         self.attnres_block_size = attnres_block_size
         self.initializer_range = initializer_range
         self.use_cache = use_cache
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                pad_token_id=pad_token_id,
+                bos_token_id=bos_token_id,
+                eos_token_id=eos_token_id,
+                tie_word_embeddings=tie_word_embeddings,
+                **kwargs,
+            )
+        except (KeyError, TypeError, ValueError) as e:  # transformers' validators (e.g. rope_parameters' keys)
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"invalid KimiTextConfig: {e}") from e
         # Set after the base __init__, whose validators only know transformers' own layer-type vocabulary.
         self.layer_types = list(layer_types) if layer_types is not None else default_layer_types(num_hidden_layers)
         self.check_architecture()
@@ -205,7 +210,7 @@ class KimiTextConfig(PretrainedConfig):
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"layer_types has {len(self.layer_types)} entries but num_hidden_layers={self.num_hidden_layers}; "
-                "give one 'kda' or 'mla' per layer (or leave layer_types unset for the 3:1 hybrid)."
+                f"give one of {LAYER_TYPES} per layer (or leave layer_types unset for the 3:1 hybrid)."
             )
         bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
         if bad:
