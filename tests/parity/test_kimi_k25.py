@@ -45,7 +45,7 @@ def k25_config(tok, *, tie: bool = False) -> Kimi_K25Config:
         num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=16, q_lora_rank=12,
         qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, n_routed_experts=6, num_experts_per_tok=2, n_group=3,
         topk_group=2, n_shared_experts=1, first_k_dense_replace=1, attention_bias=True, rope_parameters=YARN,
-        max_position_embeddings=256, tie_word_embeddings=tie, pad_token_id=tok.pad_token_id,
+        max_position_embeddings=128, tie_word_embeddings=tie, pad_token_id=tok.pad_token_id,
         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
     )
     vision = dict(hidden_size=32, num_attention_heads=2, num_hidden_layers=2, intermediate_size=64, pos_emb_height=8,
