@@ -42,6 +42,7 @@ from .vision.convert import (
     VISION_PREFIXES,
     collect_vision_weights,
     convert_kimi_k25_vision,
+    load_config_json,
     read_source_config,
     rope_deinterleave,
 )
@@ -77,39 +78,33 @@ def kimi_linear_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
     if any(t not in kinds for t in ref.layer_types):
         raise CheckpointError(f"Unknown layer types in {ref.layer_types}.")
     cfg = dict(
-        vocab_size=ref.vocab_size,
-        hidden_size=ref.hidden_size,
-        intermediate_size=ref.intermediate_size,
-        num_hidden_layers=ref.num_hidden_layers,
+        shared_text_fields(ref),
         layer_types=[kinds[t] for t in ref.layer_types],
-        num_attention_heads=ref.num_attention_heads,
-        q_lora_rank=ref.q_lora_rank,
-        kv_lora_rank=ref.kv_lora_rank,
-        qk_nope_head_dim=ref.qk_nope_head_dim,
-        qk_rope_head_dim=ref.qk_rope_head_dim,
-        v_head_dim=ref.v_head_dim,
         kda_num_heads=ref.linear_num_heads,
         kda_head_dim=ref.linear_head_dim,
         short_conv_kernel_size=ref.linear_conv_kernel_dim,
         num_experts=ref.num_local_experts,
         num_experts_per_tok=ref.num_experts_per_tok,
         num_shared_experts=ref.n_shared_experts,
-        moe_intermediate_size=ref.moe_intermediate_size,
-        routed_scaling_factor=ref.routed_scaling_factor,
         norm_topk_prob=ref.norm_topk_prob,
         n_group=ref.n_group,
         topk_group=ref.topk_group,
         first_k_dense=first_k_dense,
-        rms_norm_eps=ref.rms_norm_eps,
-        initializer_range=ref.initializer_range,
-        tie_word_embeddings=ref.tie_word_embeddings,
-        pad_token_id=ref.pad_token_id,
-        bos_token_id=ref.bos_token_id,
-        eos_token_id=ref.eos_token_id,
-        residual="standard",
     )
     cfg.update(overrides)
     return KimiTextConfig(**cfg)
+
+
+SHARED_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                      "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
+                      "moe_intermediate_size", "routed_scaling_factor", "rms_norm_eps", "initializer_range",
+                      "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+
+
+def shared_text_fields(ref) -> dict:
+    """The `KimiTextConfig` fields that transformers' `kimi_linear` and `deepseek_v3` configs name as we do, read from
+    `ref` (either config), plus the standard residual stream (exact parity; AttnRes is an override)."""
+    return {**{name: getattr(ref, name) for name in SHARED_TEXT_FIELDS}, "residual": "standard"}
 
 
 class _Source:
@@ -470,17 +465,8 @@ def deepseek_v3_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
         raise CheckpointError(f"hidden_act={ref.hidden_act!r}: kimi-vl's feed-forward is SwiGLU (silu) only.")
     experts = ref.n_routed_experts or 0
     cfg = dict(
-        vocab_size=ref.vocab_size,
-        hidden_size=ref.hidden_size,
-        intermediate_size=ref.intermediate_size,
-        num_hidden_layers=ref.num_hidden_layers,
+        shared_text_fields(ref),
         layer_types=["mla_rope"] * ref.num_hidden_layers,
-        num_attention_heads=ref.num_attention_heads,
-        q_lora_rank=ref.q_lora_rank,
-        kv_lora_rank=ref.kv_lora_rank,
-        qk_nope_head_dim=ref.qk_nope_head_dim,
-        qk_rope_head_dim=ref.qk_rope_head_dim,
-        v_head_dim=ref.v_head_dim,
         mla_kv_norm_eps=1e-6,  # DeepSeek-V3's q_a_layernorm / kv_a_layernorm keep the RMSNorm default
         attention_bias=ref.attention_bias,
         rope_parameters=dict(ref.rope_parameters),
@@ -488,19 +474,10 @@ def deepseek_v3_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
         num_experts=experts,
         num_experts_per_tok=ref.num_experts_per_tok or 1,
         num_shared_experts=ref.n_shared_experts or 0,
-        moe_intermediate_size=ref.moe_intermediate_size,
-        routed_scaling_factor=ref.routed_scaling_factor,
         norm_topk_prob=bool(ref.norm_topk_prob),
         n_group=ref.n_group or 1,
         topk_group=ref.topk_group or 1,
         first_k_dense=min(ref.first_k_dense_replace or 0, ref.num_hidden_layers) if experts else ref.num_hidden_layers,
-        rms_norm_eps=ref.rms_norm_eps,
-        initializer_range=ref.initializer_range,
-        tie_word_embeddings=ref.tie_word_embeddings,
-        pad_token_id=ref.pad_token_id,
-        bos_token_id=ref.bos_token_id,
-        eos_token_id=ref.eos_token_id,
-        residual="standard",
     )
     cfg.update(overrides)
     try:
@@ -623,20 +600,9 @@ def _dtype_of(specs: dict[str, TensorSpec]) -> torch.dtype:
     return spec.dtype if spec is not None else torch.float32
 
 
-def _read_config(src: Path, expected: tuple[str, ...], hint: str) -> dict:
-    config_file = src / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{config_file} not found: pass a Hugging Face checkpoint directory (config.json + "
-                              "*.safetensors).")
-    raw = json.loads(config_file.read_text())
-    model_type = raw.get("model_type")
-    if model_type not in expected:
-        others = {"kimi_linear": "`kimi-vl convert kimi-linear`", "kimi_k25": "`kimi-vl convert kimi-k25`",
-                  "deepseek_v3": "`kimi-vl convert deepseek-v3`", "kimi_k2": "`kimi-vl convert deepseek-v3`"}
-        tip = f" Use {others[model_type]} for that model type." if model_type in others else ""
-        raise CheckpointError(f"{config_file} has model_type={model_type!r}; {hint} expects {' or '.join(expected)}."
-                              + tip)
-    return raw
+CONVERTERS = {"kimi_linear": "kimi-vl convert kimi-linear", "kimi_k25": "kimi-vl convert kimi-k25",
+              "deepseek_v3": "kimi-vl convert deepseek-v3", "kimi_k2": "kimi-vl convert deepseek-v3"}
+"""model_type -> the command that imports it (named in the error for a checkpoint of another type)."""
 
 
 def _copy_tokenizer_files(src: Path, dst: Path) -> None:
@@ -654,7 +620,7 @@ def convert_deepseek_v3(src_dir: str | Path, dst_dir: str | Path, *, max_shard_b
     from .text import KimiTextForCausalLM
 
     src, dst = Path(src_dir), Path(dst_dir)
-    raw = _read_config(src, DEEPSEEK_MODEL_TYPES, "convert_deepseek_v3")
+    raw = load_config_json(src, DEEPSEEK_MODEL_TYPES, "convert_deepseek_v3", CONVERTERS)
     cfg = deepseek_v3_config_to_text_config(raw, **config_overrides)
     source = _Source(src)
     keys = source.keys()
@@ -740,7 +706,7 @@ def convert_kimi_k25(src_dir: str | Path, dst_dir: str | Path, *, max_shard_byte
     from .modeling import KimiVLForConditionalGeneration
 
     src, dst = Path(src_dir), Path(dst_dir)
-    raw = _read_config(src, ("kimi_k25",), "convert_kimi_k25")
+    raw = load_config_json(src, ("kimi_k25",), "convert_kimi_k25", CONVERTERS)
     vision_config, _ = read_source_config(src)
     config = kimi_k25_config(raw, vision_config, **overrides)
     text_cfg = config.text_config

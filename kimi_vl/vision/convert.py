@@ -50,16 +50,27 @@ QKV_PARTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "wqkv")
 BLOCK_KEY = re.compile(r"^(layers|blocks)\.(\d+)\.(.+)\.(weight|bias)$")
 
 
-def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
-    """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
+def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
+                     tips: dict[str, str] | None = None) -> dict:
+    """`src/config.json` as a dict; `CheckpointError` when it is missing or its `model_type` is not in `expected`
+    (naming, from `tips` (model_type -> command), the command that imports that type instead)."""
     config_file = src / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"{config_file} not found: point convert_kimi_k25_vision at a transformers kimi_k25 "
-                              "checkpoint directory (config.json + *.safetensors).")
+        raise CheckpointError(f"{config_file} not found: point {converter} at a transformers checkpoint directory "
+                              "(config.json + *.safetensors).")
     raw = json.loads(config_file.read_text())
     model_type = raw.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise CheckpointError(f"{config_file} has model_type={model_type!r}; expected one of {MODEL_TYPES}.")
+    if model_type not in expected:
+        tip = f" Use `{tips[model_type]}` for that model type." if model_type in (tips or {}) else ""
+        raise CheckpointError(f"{config_file} has model_type={model_type!r}; {converter} expects one of {expected}."
+                              + tip)
+    return raw
+
+
+def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
+    """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
+    raw = load_config_json(src, MODEL_TYPES, "convert_kimi_k25_vision")
+    model_type, config_file = raw["model_type"], src / "config.json"
     vision = raw if model_type == "kimi_k25_vision" else raw.get("vision_config") or {}
     fields = {
         "patch_size": vision.get("patch_size", 14),

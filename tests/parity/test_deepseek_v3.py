@@ -11,6 +11,7 @@ from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
 from kimi_vl.convert import convert_deepseek_v3
 from kimi_vl.errors import CheckpointError
 from kimi_vl.text import KimiTextForCausalLM
+from tests.vision.test_moonvit import randomise as randomise_parameters
 
 YARN = {"rope_type": "yarn", "rope_theta": 5000.0, "factor": 4.0, "original_max_position_embeddings": 32,
         "beta_fast": 8, "beta_slow": 1, "mscale": 0.9, "mscale_all_dim": 0.7}
@@ -28,20 +29,11 @@ CONFIGS = {
 
 
 def randomise(model: torch.nn.Module, seed: int = 0) -> None:
-    """Every parameter and the router biases random: norms around 1, biases and correction biases non-zero, matrices
-    scaled so that activations stay O(1) but far from constant."""
-    gen = torch.Generator().manual_seed(seed)
+    """Every parameter random (norms around 1, biases non-zero: the vision tests' rule) and the router correction
+    biases too."""
+    randomise_parameters(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
-        for name, p in model.named_parameters():
-            noise = torch.randn(p.shape, generator=gen)
-            if "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.3 * noise)
-            elif p.ndim == 1:
-                p.copy_(0.2 * noise)
-            elif "embed" in name:
-                p.copy_(noise)
-            else:
-                p.copy_(noise * 1.5 * p.shape[-1] ** -0.5)
         for m in model.modules():
             if hasattr(m, "e_score_correction_bias"):
                 m.e_score_correction_bias.copy_(0.3 * torch.rand(m.e_score_correction_bias.shape, generator=gen) - 0.15)
