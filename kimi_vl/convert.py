@@ -21,6 +21,7 @@ about one output shard of memory, not the whole model.
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import struct
@@ -320,10 +321,7 @@ class TensorSpec:
 
     @property
     def nbytes(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n * torch.empty((), dtype=self.dtype).element_size()
+        return math.prod(self.shape) * self.dtype.itemsize
 
 
 def _write_safetensors(path: Path, specs: dict[str, TensorSpec], keys: list[str]) -> None:

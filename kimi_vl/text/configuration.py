@@ -180,7 +180,7 @@ class KimiTextConfig(PretrainedConfig):
         self.check_architecture()
 
     def validate(self) -> None:
-        """transformers' config validators, except its `layer_types` vocabulary (ours is "kda"/"mla"), plus
+        """transformers' config validators, except its `layer_types` vocabulary (ours is "kda"/"mla"/"mla_rope"), plus
         `check_architecture`."""
         for validator in getattr(type(self), "__class_validators__", []):
             if validator.__name__ != "validate_layer_type":
