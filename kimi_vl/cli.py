@@ -17,6 +17,14 @@ def _convert(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _convert_released(args: argparse.Namespace) -> None:
+    from .convert import convert_deepseek_v3, convert_kimi_k25
+
+    convert = convert_kimi_k25 if args.kind == "kimi-k25" else convert_deepseek_v3
+    overrides = {"residual": args.residual} if args.residual else {}
+    print(f"wrote {convert(args.src, args.dst, overwrite=args.overwrite, **overrides)}")
+
+
 def _convert_vision(args: argparse.Namespace) -> None:
     from .convert import convert_kimi_k25_vision
 
@@ -145,6 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     kv.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
     kv.add_argument("dst", help="destination directory")
     kv.set_defaults(func=_convert_vision)
+    released = {
+        "kimi-k25": "a whole transformers kimi_k25 vision-language model (Kimi K2.5 / K2.6: MoonViT-3D + DeepSeek-V3 "
+                    "text) -> KimiVLForConditionalGeneration (+ processor and tokenizer when present)",
+        "deepseek-v3": "a transformers deepseek_v3 / kimi_k2 text model -> kimi_vl_text (RoPE-MLA layers)",
+    }
+    for kind, description in released.items():
+        kp = kinds.add_parser(kind, help=description)
+        kp.add_argument("src", help="source checkpoint directory (config.json + *.safetensors); streamed, never loaded")
+        kp.add_argument("dst", help="destination directory (written atomically; must not exist or be empty)")
+        kp.add_argument("--residual", choices=["standard", "attnres", "block_attnres"], default=None,
+                        help="residual stream of the converted model (default: standard; the AttnRes choices start "
+                        "from zero pseudo-queries, i.e. exactly the released model)")
+        kp.add_argument("--overwrite", action="store_true", help="replace an existing destination")
+        kp.set_defaults(func=_convert_released)
     qs = sub.add_parser("quickstart", help="the whole pipeline offline on the embedded data: tokenizer, pre-training, "
                         "zero-vision SFT, joint RL, evaluation, the video2web demo, a checkpoint and REPORT.md "
                         "(resumable: rerun to continue)")

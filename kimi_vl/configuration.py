@@ -17,7 +17,12 @@ class KimiVLConfig(PretrainedConfig):
         text_config: a `KimiTextConfig` (or its dict).
         image_token_id: id of `<|media_pad|>`, the placeholder each merged image token replaces.
         video_token_id: id of the video placeholder, one per merged token of each video chunk.
+            Placeholder ids may lie outside the text vocabulary (transformers' `kimi_k25` puts its video
+            placeholder at id 163840, just past K2.5's 163840-token vocabulary): placeholders are never embedded,
+            their positions always receive media features.
         projector_layer_norm_eps: eps of the projector's LayerNorm over each patch.
+        vision_start_token_id, vision_end_token_id: ids of `<|media_start|>` / `<|media_end|>`, the tokens around
+            each media's placeholders (informational: carried over from `kimi_k25` checkpoints, None otherwise).
     """
 
     model_type = "kimi_vl"
@@ -31,6 +36,8 @@ class KimiVLConfig(PretrainedConfig):
         image_token_id: int = 163605,
         video_token_id: int = 163606,
         projector_layer_norm_eps: float = 1e-5,
+        vision_start_token_id: int | None = None,
+        vision_end_token_id: int | None = None,
         **kwargs,
     ):
         if isinstance(vision_config, dict):
@@ -42,15 +49,16 @@ class KimiVLConfig(PretrainedConfig):
         self.image_token_id = image_token_id
         self.video_token_id = video_token_id
         self.projector_layer_norm_eps = projector_layer_norm_eps
+        self.vision_start_token_id = vision_start_token_id
+        self.vision_end_token_id = vision_end_token_id
         kwargs.setdefault("tie_word_embeddings", self.text_config.tie_word_embeddings)
         for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
             kwargs.setdefault(name, getattr(self.text_config, name))
         super().__init__(**kwargs)
-        vocab = self.text_config.vocab_size
         for name in ("image_token_id", "video_token_id"):
-            if not 0 <= getattr(self, name) < vocab:
-                raise ConfigError(f"{name}={getattr(self, name)} is outside the text vocabulary (size {vocab}); use "
-                                  "the tokenizer's id of the placeholder token.")
+            if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
+                raise ConfigError(f"{name}={getattr(self, name)!r} must be a non-negative integer: the tokenizer's id "
+                                  "of the placeholder token.")
         if image_token_id == video_token_id:
             raise ConfigError("image_token_id and video_token_id must differ (images and videos are scattered "
                               "separately).")

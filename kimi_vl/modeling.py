@@ -97,8 +97,10 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         pixel_values_videos: torch.Tensor | None = None,
         video_grid_thw: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """Token embeddings `[B, T, hidden]` with the media tokens written over their placeholders."""
-        embeds = self.get_input_embeddings()(input_ids)
+        """Token embeddings `[B, T, hidden]` with the media tokens written over their placeholders (placeholder ids
+        are never looked up: they may lie outside the vocabulary)."""
+        placeholders = (input_ids == self.config.image_token_id) | (input_ids == self.config.video_token_id)
+        embeds = self.get_input_embeddings()(input_ids.masked_fill(placeholders, 0))
         media = [("image", pixel_values, image_grid_thw, self.config.image_token_id),
                  ("video", pixel_values_videos, video_grid_thw, self.config.video_token_id)]
         for kind, pixels, grid, token_id in media:

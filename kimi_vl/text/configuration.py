@@ -1,12 +1,15 @@
-"""`KimiTextConfig`: the Kimi-Linear language backbone (KDA + NoPE MLA hybrid with MoE feed-forward)."""
+"""`KimiTextConfig`: the Kimi language backbone: the Kimi-Linear hybrid (KDA + NoPE MLA, MoE feed-forward) and, as a
+configuration of the same classes, the DeepSeek-V3 / Kimi K2 family (RoPE MLA, low-rank queries, grouped routing)."""
 
 from __future__ import annotations
 
 from transformers import PretrainedConfig
 
 from ..errors import ConfigError
+from .rope import check_rope_parameters
 
-LAYER_TYPES = ("kda", "mla")
+LAYER_TYPES = ("kda", "mla", "mla_rope")
+MLA_TYPES = ("mla", "mla_rope")
 RESIDUALS = ("standard", "attnres", "block_attnres")
 
 
@@ -18,35 +21,57 @@ def default_layer_types(num_hidden_layers: int, mla_every: int = 4) -> list[str]
 class KimiTextConfig(PretrainedConfig):
     r"""Configuration of `KimiTextModel` / `KimiTextForCausalLM` (model_type `kimi_vl_text`).
 
-    Sizes and names follow the released Kimi-Linear `config.json` where they exist.
+    Sizes and names follow the released Kimi-Linear `config.json` where they exist (DeepSeek-V3's for the fields
+    only that family uses). A DeepSeek-V3 / Kimi K2 text model is `layer_types=["mla_rope"] * n` with its
+    `rope_parameters`, `q_lora_rank`, `n_group`/`topk_group`, `first_k_dense` (alias `first_k_dense_replace`) and
+    `residual="standard"` (or `"block_attnres"`: equal at zero pseudo-queries); see `kimi_vl.convert.convert_kimi_k25`.
 
     Args:
         vocab_size: number of tokens.
         hidden_size: width of the residual stream.
         intermediate_size: width of the dense SwiGLU feed-forward (the first `first_k_dense` layers).
         num_hidden_layers: number of decoder layers (each = one mixer sublayer + one FFN sublayer).
-        layer_types: per layer, `"kda"` (Kimi Delta Attention) or `"mla"` (NoPE multi-head latent attention).
-            Default: the 3:1 hybrid, every 4th layer MLA.
+        layer_types: per layer, `"kda"` (Kimi Delta Attention), `"mla"` (NoPE multi-head latent attention, as in
+            Kimi-Linear) or `"mla_rope"` (MLA with rotary embedding on the `qk_rope_head_dim` slice, as in
+            DeepSeek-V3 / Kimi K2); any mix. Default: the 3:1 hybrid, every 4th layer MLA.
         num_attention_heads: MLA heads.
         q_lora_rank: low-rank query compression of MLA (`None`: a full `q_proj`, as in Kimi-Linear).
         kv_lora_rank: MLA latent width (what the cache stores, with `qk_rope_head_dim`).
         qk_nope_head_dim: per-head key/query width expanded from the latent.
-        qk_rope_head_dim: width of the key slice shared by all heads (no rotary embedding: NoPE).
+        qk_rope_head_dim: width of the key slice shared by all heads (and of each query head's matching slice):
+            never rotated in `"mla"` layers, rotated in `"mla_rope"` layers.
         v_head_dim: per-head value width.
-        mla_kv_norm_eps: eps of the latent RMSNorm (1e-6 in the released code, independent of `rms_norm_eps`).
+        mla_kv_norm_eps: eps of the latent RMSNorm and of the low-rank query RMSNorm (1e-6 in the released code and
+            in DeepSeek-V3, independent of `rms_norm_eps`).
+        attention_bias: biases on MLA's `q_a_proj`, `kv_a_proj_with_mqa` and `o_proj` (DeepSeek-V3's
+            `attention_bias`; `q_proj`, `q_b_proj` and `kv_b_proj` never have one). Default False.
+        rope_parameters: rotary embedding of `"mla_rope"` layers, with transformers' names: `rope_type`
+            (`"default"`, `"linear"`, `"yarn"` as in DeepSeek-V3 / Kimi K2, `"llama3"`), `rope_theta` and the
+            type's fields (`factor`, `original_max_position_embeddings`, `beta_fast`, `beta_slow`, `mscale`,
+            `mscale_all_dim`, `attention_factor`, ...; see `kimi_vl.text.rope`). Legacy `rope_theta` /
+            `rope_scaling` keys are accepted. With `mscale_all_dim` on a scaled type the softmax scale of
+            `"mla_rope"` layers is multiplied by YaRN's `mscale**2`, as in DeepSeek-V3. Ignored by `"kda"` and
+            `"mla"` layers. Default `{"rope_type": "default", "rope_theta": 10000.0}`.
+        max_position_embeddings: the context length the rotary embedding is configured for: the default
+            `original_max_position_embeddings` of scaled rope types and YaRN's `factor` when that is None. It does
+            not limit the sequence length. Default None (none declared; NoPE layers need none).
         kda_num_heads, kda_head_dim: KDA heads and their key/value width.
         short_conv_kernel_size: kernel of the depthwise causal conv on q/k/v of KDA layers.
         num_experts: routed experts per MoE layer.
         num_experts_per_tok: experts chosen per token (top-k).
-        num_shared_experts: always-on experts (one SwiGLU of width `moe_intermediate_size * num_shared_experts`).
+        num_shared_experts: always-on experts (one SwiGLU of width `moe_intermediate_size * num_shared_experts`;
+            0: none).
         moe_intermediate_size: width of each expert.
         routed_scaling_factor: multiplier of the (renormalised) routed weights.
         norm_topk_prob: renormalise the top-k weights to sum to one.
-        n_group, topk_group: DeepSeek-V3 group-limited routing (1/1 = off, as in Kimi-Linear).
+        n_group, topk_group: DeepSeek-V3 group-limited routing: experts split into `n_group` groups, each scored by
+            the sum of its two best biased scores, the top `topk_group` groups kept, top-k chosen within them
+            (1/1 = off, as in Kimi-Linear).
         router_biased_weights: take the expert weights from the *biased* scores `sigmoid + e_score_correction_bias`
             (the released remote code, by accident of an aliased view) instead of the unbiased sigmoid scores
             (DeepSeek-V3, vLLM, transformers' `kimi_linear`). Default `False`: the transformers behaviour.
-        first_k_dense: number of leading layers with a dense SwiGLU instead of MoE.
+        first_k_dense: number of leading layers with a dense SwiGLU instead of MoE (DeepSeek-V3's
+            `first_k_dense_replace`, accepted as an alias).
         rms_norm_eps: eps of every other RMSNorm.
         residual: `"block_attnres"` (default: Block Attention Residuals, from the first training step),
             `"attnres"` (Full AttnRes, every sublayer output a source) or `"standard"` (PreNorm sum).
@@ -58,6 +83,7 @@ class KimiTextConfig(PretrainedConfig):
 
     model_type = "kimi_vl_text"
     keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {"first_k_dense_replace": "first_k_dense"}
 
     def __init__(
         self,
@@ -73,6 +99,9 @@ class KimiTextConfig(PretrainedConfig):
         qk_rope_head_dim: int = 64,
         v_head_dim: int = 128,
         mla_kv_norm_eps: float = 1e-6,
+        attention_bias: bool = False,
+        rope_parameters: dict | None = None,
+        max_position_embeddings: int | None = None,
         kda_num_heads: int = 32,
         kda_head_dim: int = 128,
         short_conv_kernel_size: int = 4,
@@ -109,6 +138,12 @@ class KimiTextConfig(PretrainedConfig):
         self.qk_rope_head_dim = qk_rope_head_dim
         self.v_head_dim = v_head_dim
         self.mla_kv_norm_eps = mla_kv_norm_eps
+        self.attention_bias = attention_bias
+        # Set before the base __init__, which standardises `rope_parameters` as for transformers' own configs (legacy
+        # `rope_theta` / `rope_scaling` kwargs, yarn's `original_max_position_embeddings` default).
+        self.max_position_embeddings = max_position_embeddings
+        # (`rope_theta` falls back to a legacy `rope_theta` kwarg, else transformers' default 10000.)
+        self.rope_parameters = dict(rope_parameters) if rope_parameters else {"rope_type": "default"}
         self.kda_num_heads = kda_num_heads
         self.kda_head_dim = kda_head_dim
         self.short_conv_kernel_size = short_conv_kernel_size
@@ -128,24 +163,35 @@ class KimiTextConfig(PretrainedConfig):
         self.attnres_block_size = attnres_block_size
         self.initializer_range = initializer_range
         self.use_cache = use_cache
-        super().__init__(
-            pad_token_id=pad_token_id,
-            bos_token_id=bos_token_id,
-            eos_token_id=eos_token_id,
-            tie_word_embeddings=tie_word_embeddings,
-            **kwargs,
-        )
+        try:
+            super().__init__(
+                pad_token_id=pad_token_id,
+                bos_token_id=bos_token_id,
+                eos_token_id=eos_token_id,
+                tie_word_embeddings=tie_word_embeddings,
+                **kwargs,
+            )
+        except (KeyError, TypeError, ValueError) as e:  # transformers' validators (e.g. rope_parameters' keys)
+            if isinstance(e, ConfigError):
+                raise
+            raise ConfigError(f"invalid KimiTextConfig: {e}") from e
         # Set after the base __init__, whose validators only know transformers' own layer-type vocabulary.
         self.layer_types = list(layer_types) if layer_types is not None else default_layer_types(num_hidden_layers)
         self.check_architecture()
 
     def validate(self) -> None:
-        """transformers' config validators, except its `layer_types` vocabulary (ours is "kda"/"mla"), plus
+        """transformers' config validators, except its `layer_types` vocabulary (ours is "kda"/"mla"/"mla_rope"), plus
         `check_architecture`."""
         for validator in getattr(type(self), "__class_validators__", []):
             if validator.__name__ != "validate_layer_type":
                 validator(self)
         self.check_architecture()
+
+    def _validate_yarn_rope_parameters(self, rope_parameters: dict, ignore_keys: set[str] | None = None) -> None:
+        """transformers' yarn check divides by `max_position_embeddings`, which ours may leave unset (None); ours
+        (`check_rope_parameters`, run by `check_architecture`) covers that case."""
+        if self.max_position_embeddings is not None:
+            super()._validate_yarn_rope_parameters(rope_parameters, ignore_keys=ignore_keys)
 
     @property
     def qk_head_dim(self) -> int:
@@ -164,11 +210,13 @@ class KimiTextConfig(PretrainedConfig):
         if len(self.layer_types) != self.num_hidden_layers:
             raise ConfigError(
                 f"layer_types has {len(self.layer_types)} entries but num_hidden_layers={self.num_hidden_layers}; "
-                "give one 'kda' or 'mla' per layer (or leave layer_types unset for the 3:1 hybrid)."
+                f"give one of {LAYER_TYPES} per layer (or leave layer_types unset for the 3:1 hybrid)."
             )
         bad = sorted({t for t in self.layer_types if t not in LAYER_TYPES})
         if bad:
             raise ConfigError(f"layer_types contains {bad}; each entry must be one of {LAYER_TYPES}.")
+        if "mla_rope" in self.layer_types:
+            check_rope_parameters(self.rope_parameters or {}, self.qk_rope_head_dim, self.max_position_embeddings)
         if self.num_experts > 0 and not 1 <= self.num_experts_per_tok <= self.num_experts:
             raise ConfigError(
                 f"num_experts_per_tok={self.num_experts_per_tok} must be between 1 and num_experts={self.num_experts}."
@@ -178,6 +226,12 @@ class KimiTextConfig(PretrainedConfig):
                 f"n_group={self.n_group} must divide num_experts={self.num_experts} and "
                 f"1 <= topk_group={self.topk_group} <= n_group."
             )
+        if self.num_experts > 0 and self.n_group > 1 and self.num_experts // self.n_group < 2:
+            raise ConfigError(f"grouped routing scores each group by its two best experts: num_experts="
+                              f"{self.num_experts} / n_group={self.n_group} leaves fewer than 2 per group.")
+        if self.num_shared_experts < 0 or self.first_k_dense < 0:
+            raise ConfigError(f"num_shared_experts={self.num_shared_experts} and first_k_dense={self.first_k_dense} "
+                              "must be >= 0.")
         if self.residual not in RESIDUALS:
             raise ConfigError(f"residual={self.residual!r}; choose one of {RESIDUALS}.")
         if self.attnres_block_size < 1:

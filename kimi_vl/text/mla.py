@@ -1,9 +1,13 @@
-"""Multi-head latent attention without position encoding (NoPE MLA), as in Kimi-Linear.
+"""Multi-head latent attention: NoPE (`"mla"` layers, as in Kimi-Linear) or with rotary position on the rope slice
+(`"mla_rope"` layers, as in DeepSeek-V3 / Kimi K2).
 
 Keys are `[k_nope_h ; k_pe]` where `k_nope_h, v_h` are expanded from a normalised latent `c` (rank
-`kv_lora_rank`) and `k_pe` is one slice shared by all heads and never rotated. The cache keeps only
-`[c ; k_pe]` per token. Prefill uses the expanded form (SDPA); decoding a few tokens against a cache uses the
-absorbed form, which never expands the cached latent into per-head keys and values.
+`kv_lora_rank`) and `k_pe` is one slice shared by all heads. Queries come from `q_proj(x)` or, with
+`q_lora_rank`, from `q_b_proj(RMSNorm(q_a_proj(x)))`. In `"mla_rope"` layers the query slices `q_pe` and the shared
+`k_pe` are rotated by their token positions (`kimi_vl.text.rope`) before anything else sees them, so the cache holds
+the *rotated* key: `[c ; rope(k_pe)]` per token, the same width as NoPE's `[c ; k_pe]`. Prefill uses the expanded
+form (SDPA); decoding a few tokens against a cache uses the absorbed form, which never expands the cached latent
+into per-head keys and values (the new queries are rotated at their own positions, the cached keys already are).
 """
 
 from __future__ import annotations
@@ -12,14 +16,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..errors import ShapeError
 from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
 from .norm import RMSNorm
+from .rope import apply_rotary, softmax_scale_multiplier
 
 # With a cache, at most this many new tokens take the absorbed (latent-space) path.
 ABSORB_MAX_TOKENS = 16
 # Max-logit recording computes scores in query blocks of at most this many elements (B * h * rows * L).
 MAX_LOGIT_BLOCK_ELEMENTS = 1 << 24
+
+Rotation = tuple[torch.Tensor, torch.Tensor]
 
 
 class MultiHeadLatentAttention(nn.Module):
@@ -41,32 +49,48 @@ class MultiHeadLatentAttention(nn.Module):
         self.rope_dim = config.qk_rope_head_dim
         self.v_dim = config.v_head_dim
         self.rank = config.kv_lora_rank
+        self.use_rope = config.layer_types[layer_idx] == "mla_rope"
         self.scale = config.qk_head_dim**-0.5
-        hidden, h = config.hidden_size, self.num_heads
+        if self.use_rope:  # DeepSeek-V3's YaRN temperature (1 unless a scaled rope type sets mscale_all_dim)
+            self.scale *= softmax_scale_multiplier(config.rope_parameters, config.max_position_embeddings)
+        hidden, h, bias = config.hidden_size, self.num_heads, config.attention_bias
         self.q_lora_rank = config.q_lora_rank
         if config.q_lora_rank is None:
             self.q_proj = nn.Linear(hidden, h * config.qk_head_dim, bias=False)
         else:
-            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=False)
+            self.q_a_proj = nn.Linear(hidden, config.q_lora_rank, bias=bias)
             self.q_a_layernorm = RMSNorm(config.q_lora_rank, eps=config.mla_kv_norm_eps)
             self.q_b_proj = nn.Linear(config.q_lora_rank, h * config.qk_head_dim, bias=False)
-        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.rank + self.rope_dim, bias=False)
+        self.kv_a_proj_with_mqa = nn.Linear(hidden, self.rank + self.rope_dim, bias=bias)
         self.kv_a_layernorm = RMSNorm(self.rank, eps=config.mla_kv_norm_eps)
         self.kv_b_proj = nn.Linear(self.rank, h * (self.nope_dim + self.v_dim), bias=False)
-        self.o_proj = nn.Linear(h * self.v_dim, hidden, bias=False)
+        self.o_proj = nn.Linear(h * self.v_dim, hidden, bias=bias)
         self.record_max_logits = False
         self.max_logits = None
 
-    def queries(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """`x [B, T, hidden]` -> `q_nope [B, h, T, nope]`, `q_pe [B, h, T, rope]`."""
+    def queries(self, x: torch.Tensor, rope: Rotation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """`x [B, T, hidden]` -> `q_nope [B, h, T, nope]`, `q_pe [B, h, T, rope]` (rotated by `rope` = cos, sin
+        `[B, T, rope]` in `"mla_rope"` layers)."""
         q = self.q_proj(x) if self.q_lora_rank is None else self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
         q = q.view(*x.shape[:2], self.num_heads, -1).transpose(1, 2)
-        return q.split([self.nope_dim, self.rope_dim], dim=-1)
+        q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)
+        if self.use_rope:
+            q_pe = apply_rotary(q_pe, *(t[:, None] for t in self._rotation(rope)))
+        return q_nope, q_pe
 
-    def latent(self, x: torch.Tensor) -> torch.Tensor:
-        """`x [B, T, hidden]` -> the cached per-token latent `[B, T, rank + rope]` = `[RMSNorm(c) ; k_pe]`."""
+    def latent(self, x: torch.Tensor, rope: Rotation | None = None) -> torch.Tensor:
+        """`x [B, T, hidden]` -> the cached per-token latent `[B, T, rank + rope]` = `[RMSNorm(c) ; k_pe]` (`k_pe`
+        rotated by `rope` in `"mla_rope"` layers)."""
         c, k_pe = self.kv_a_proj_with_mqa(x).split([self.rank, self.rope_dim], dim=-1)
+        if self.use_rope:
+            k_pe = apply_rotary(k_pe, *self._rotation(rope))
         return torch.cat([self.kv_a_layernorm(c), k_pe], dim=-1)
+
+    def _rotation(self, rope: Rotation | None) -> Rotation:
+        if rope is None:
+            raise ShapeError(f"MLA layer {self.layer_idx} is a RoPE layer ('mla_rope'): pass rope=(cos, sin) of its "
+                             "tokens' positions (KimiTextModel computes them).")
+        return rope
 
     def forward(
         self,
@@ -74,12 +98,14 @@ class MultiHeadLatentAttention(nn.Module):
         attn_mask: torch.Tensor | None = None,
         cache: KimiHybridCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        rope: Rotation | None = None,
     ) -> torch.Tensor:
         """attn_mask: boolean `[B, 1, T, L]` (True = attend) or None for plain causal attention over the new
-        tokens (L = cached + T). cu_seqlens `[N+1]` (B = 1): causal attention within each packed sequence."""
+        tokens (L = cached + T). cu_seqlens `[N+1]` (B = 1): causal attention within each packed sequence.
+        rope: cos, sin `[B or 1, T, qk_rope_head_dim]` of the new tokens' positions (`"mla_rope"` layers only)."""
         B, T, _ = x.shape
-        q_nope, q_pe = self.queries(x)
-        latent = self.latent(x)
+        q_nope, q_pe = self.queries(x, rope)
+        latent = self.latent(x, rope)
         if cache is not None:
             latent = cache.update_latent(self.layer_idx, latent)
         if cache is not None and T <= ABSORB_MAX_TOKENS and latent.shape[1] > T:

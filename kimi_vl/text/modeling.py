@@ -19,11 +19,12 @@ from .mla import MultiHeadLatentAttention
 from .moe import Experts, MoE, SwiGLU, TopKRouter
 from .norm import RMSNorm
 from .residual import StandardResidual
+from .rope import RotaryEmbedding, packed_positions
 
 
 class KimiDecoderLayer(nn.Module):
-    """One layer = two sublayers: `attention` (KDA or MLA) and `feed_forward` (dense SwiGLU or MoE), each
-    PreNorm: it normalises its input and returns only its output; the residual stream adds it."""
+    """One layer = two sublayers: `attention` (KDA, NoPE MLA or RoPE MLA) and `feed_forward` (dense SwiGLU or MoE),
+    each PreNorm: it normalises its input and returns only its output; the residual stream adds it."""
 
     def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
         super().__init__()
@@ -38,11 +39,13 @@ class KimiDecoderLayer(nn.Module):
         self.mlp = MoE(config) if config.is_moe_layer(layer_idx) else SwiGLU(config.hidden_size,
                                                                             config.intermediate_size)
 
-    def attention(self, h, padding_mask, mla_mask, cache, cu_seqlens) -> torch.Tensor:
+    def attention(self, h, padding_mask, mla_mask, cache, cu_seqlens, rope=None) -> torch.Tensor:
+        """`rope`: cos, sin of the tokens' positions, read by `"mla_rope"` layers only."""
         x = self.input_layernorm(h)
         if self.layer_type == "kda":
             return self.self_attn(x, padding_mask=padding_mask, cache=cache, cu_seqlens=cu_seqlens)
-        return self.self_attn(x, attn_mask=mla_mask, cache=cache, cu_seqlens=cu_seqlens)
+        return self.self_attn(x, attn_mask=mla_mask, cache=cache, cu_seqlens=cu_seqlens,
+                              rope=rope if self.layer_type == "mla_rope" else None)
 
     def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.post_attention_layernorm(h))
@@ -66,6 +69,8 @@ class KimiTextPreTrainedModel(PreTrainedModel):
             init.kaiming_uniform_(module.weight, a=5**0.5)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             init.normal_(module.weight, mean=0.0, std=std)
+            if getattr(module, "bias", None) is not None:  # MLA with attention_bias
+                init.zeros_(module.bias)
         elif isinstance(module, RMSNorm):
             init.ones_(module.weight)
         elif isinstance(module, TopKRouter):
@@ -126,6 +131,11 @@ class KimiTextModel(KimiTextPreTrainedModel):
         self.layers = nn.ModuleList(KimiDecoderLayer(config, i) for i in range(config.num_hidden_layers))
         self.residual = build_residual(config)
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.rotary = (
+            RotaryEmbedding(config.rope_parameters, config.qk_rope_head_dim, config.max_position_embeddings)
+            if "mla_rope" in config.layer_types
+            else None
+        )
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -148,8 +158,12 @@ class KimiTextModel(KimiTextPreTrainedModel):
         return_dict: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
-        """`position_ids` is accepted for API compatibility and unused: the model has no position encoding
-        (KDA's conv and decay carry order). `cu_seqlens` `[N+1]` packs N independent sequences in a batch of 1."""
+        """`cu_seqlens` `[N+1]` packs N independent sequences in a batch of 1.
+
+        `position_ids` `[B or 1, T]` are read by `"mla_rope"` layers only (KDA's conv and decay and NoPE MLA carry
+        order without them). When not given they are derived: restarting at 0 in each packed sequence with
+        `cu_seqlens`; from the 2-D `attention_mask` (`cumsum - 1`, so left padding does not shift a row's positions,
+        the rule `generate` uses); else `cached + 0..T-1`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ShapeError("Pass exactly one of input_ids [B, T] or inputs_embeds [B, T, hidden].")
         if inputs_embeds is None:
@@ -178,6 +192,10 @@ class KimiTextModel(KimiTextPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
             padding_mask = attention_mask[:, -T:]
         mla_mask = build_mla_mask(attention_mask, T, past + T)
+        rope = None
+        if self.rotary is not None:
+            positions = self.positions(position_ids, attention_mask, cu_seqlens, past, T, inputs_embeds.device)
+            rope = self.rotary(positions, inputs_embeds.dtype)
 
         hidden_states = [] if output_hidden_states else None
         state = self.residual.begin(inputs_embeds)
@@ -185,7 +203,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
             h = self.residual.read(state, 2 * i)
             if hidden_states is not None:
                 hidden_states.append(h)
-            out = self._run(layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens)
+            out = self._run(layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope)
             state = self.residual.write(state, 2 * i, out)
             out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1))
             state = self.residual.write(state, 2 * i + 1, out)
@@ -199,6 +217,19 @@ class KimiTextModel(KimiTextPreTrainedModel):
             past_key_values=cache if use_cache else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
         )
+
+    @staticmethod
+    def positions(position_ids, attention_mask, cu_seqlens, past: int, T: int, device) -> torch.Tensor:
+        """Token positions `[B or 1, T]` for the rotary embedding (see `forward`)."""
+        if position_ids is not None:
+            if position_ids.shape[-1] != T:
+                raise ShapeError(f"position_ids have shape {tuple(position_ids.shape)}; expected (batch, {T}).")
+            return position_ids.to(device).reshape(-1, T)
+        if cu_seqlens is not None:
+            return packed_positions(cu_seqlens.to(device), T)
+        if attention_mask is not None:
+            return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:].to(device)
+        return torch.arange(past, past + T, device=device)[None]
 
     def _run(self, fn, *args):
         if self.gradient_checkpointing and self.training:
@@ -215,7 +246,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
                      + 3 * cfg.kda_num_heads * cfg.kda_head_dim * (cfg.short_conv_kernel_size - 1) * size)
         mla_per_token = (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * size
         n_kda = cfg.layer_types.count("kda")
-        n_mla = cfg.layer_types.count("mla")
+        n_mla = cfg.layer_types.count("mla") + cfg.layer_types.count("mla_rope")
         return n_kda * kda_fixed / num_tokens + n_mla * mla_per_token
 
     def reset_expert_loads(self) -> None:
@@ -271,8 +302,8 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         **kwargs,
     ) -> CausalLMOutputWithPast:
         out = self.model(
-            input_ids=input_ids, attention_mask=attention_mask, past_key_values=past_key_values,
-            inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
             output_hidden_states=output_hidden_states,
         )
         h = out.last_hidden_state

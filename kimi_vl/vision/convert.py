@@ -50,16 +50,27 @@ QKV_PARTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "wqkv")
 BLOCK_KEY = re.compile(r"^(layers|blocks)\.(\d+)\.(.+)\.(weight|bias)$")
 
 
-def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
-    """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
+def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
+                     tips: dict[str, str] | None = None) -> dict:
+    """`src/config.json` as a dict; `CheckpointError` when it is missing or its `model_type` is not in `expected`
+    (naming, from `tips` (model_type -> command), the command that imports that type instead)."""
     config_file = src / "config.json"
     if not config_file.is_file():
-        raise CheckpointError(f"{config_file} not found: point convert_kimi_k25_vision at a transformers kimi_k25 "
-                              "checkpoint directory (config.json + *.safetensors).")
+        raise CheckpointError(f"{config_file} not found: point {converter} at a transformers checkpoint directory "
+                              "(config.json + *.safetensors).")
     raw = json.loads(config_file.read_text())
     model_type = raw.get("model_type")
-    if model_type not in MODEL_TYPES:
-        raise CheckpointError(f"{config_file} has model_type={model_type!r}; expected one of {MODEL_TYPES}.")
+    if model_type not in expected:
+        tip = f" Use `{tips[model_type]}` for that model type." if model_type in (tips or {}) else ""
+        raise CheckpointError(f"{config_file} has model_type={model_type!r}; {converter} expects one of {expected}."
+                              + tip)
+    return raw
+
+
+def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
+    """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
+    raw = load_config_json(src, MODEL_TYPES, "convert_kimi_k25_vision")
+    model_type, config_file = raw["model_type"], src / "config.json"
     vision = raw if model_type == "kimi_k25_vision" else raw.get("vision_config") or {}
     fields = {
         "patch_size": vision.get("patch_size", 14),
@@ -138,38 +149,10 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
     if not shards:
         raise CheckpointError(f"no *.safetensors files in {src}; only safetensors checkpoints are supported.")
 
-    vision: dict[str, torch.Tensor] = {}
-    projector: dict[str, torch.Tensor] = {}
-    qkv: dict[str, dict[str, torch.Tensor]] = {}
-    for shard in shards:
-        with safe_open(str(shard), framework="pt") as f:
-            for key in f.keys():
-                if model_type == "kimi_k25_vision":
-                    vision_key = key
-                else:
-                    vision_key = next((key[len(p):] for p in VISION_PREFIXES if key.startswith(p)), None)
-                if vision_key is not None:
-                    mapped = map_vision_key(vision_key)
-                    if mapped is not None and mapped[1] is None:
-                        vision[mapped[0]] = f.get_tensor(key)
-                    elif mapped is not None:
-                        qkv.setdefault(mapped[0], {})[mapped[1]] = f.get_tensor(key)
-                    continue
-                proj_key = next((key[len(p):] for p in PROJECTOR_PREFIXES if key.startswith(p)), None)
-                if proj_key is not None:
-                    stem, _, name = proj_key.rpartition(".")
-                    if stem in PROJECTOR_RENAMES:
-                        projector[f"{PROJECTOR_RENAMES[stem]}.{name}"] = f.get_tensor(key)
-
-    heads = config.num_attention_heads
-    for fused, parts in qkv.items():
-        if "wqkv" in parts:
-            q, k, v = parts["wqkv"].chunk(3, dim=0)
-            vision[fused] = torch.cat([rope_deinterleave(q, heads), rope_deinterleave(k, heads), v])
-        elif len(parts) == 3:
-            vision[fused] = torch.cat([parts["attn.q_proj"], parts["attn.k_proj"], parts["attn.v_proj"]])
-        else:
-            raise CheckpointError(f"{src}: {fused} needs q_proj, k_proj and v_proj; found only {sorted(parts)}.")
+    handles = [safe_open(str(shard), framework="pt") for shard in shards]
+    where = {key: h for h in handles for key in h.keys()}
+    vision, projector, _ = collect_vision_weights(where, lambda key: where[key].get_tensor(key), model_type,
+                                                  config.num_attention_heads, src)
     if not vision:
         raise CheckpointError(f"{src} holds no vision-tower weights (expected keys under {VISION_PREFIXES}).")
 
@@ -188,6 +171,49 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
         save_file({k: v.contiguous() for k, v in projector.items()}, str(dst / PROJECTOR_WEIGHTS),
                   metadata={"format": "pt"})
     return dst
+
+
+def collect_vision_weights(
+    keys, get, model_type: str, num_heads: int, src: Path
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
+    """Our MoonViT and projector state dicts from a source's tensors (`keys`, `get(key) -> tensor`), reading only
+    the vision and projector tensors; also the keys under the vision / projector prefixes that map to nothing (the
+    caller decides whether they matter). The fused `qkv` is assembled (released `wqkv` de-interleaved)."""
+    vision: dict[str, torch.Tensor] = {}
+    projector: dict[str, torch.Tensor] = {}
+    qkv: dict[str, dict[str, torch.Tensor]] = {}
+    unknown: list[str] = []
+    for key in keys:
+        if model_type == "kimi_k25_vision":
+            vision_key = key
+        else:
+            vision_key = next((key[len(p):] for p in VISION_PREFIXES if key.startswith(p)), None)
+        if vision_key is not None:
+            mapped = map_vision_key(vision_key)
+            if mapped is not None and mapped[1] is None:
+                vision[mapped[0]] = get(key)
+            elif mapped is not None:
+                qkv.setdefault(mapped[0], {})[mapped[1]] = get(key)
+            else:
+                unknown.append(key)
+            continue
+        proj_key = next((key[len(p):] for p in PROJECTOR_PREFIXES if key.startswith(p)), None)
+        if proj_key is not None:
+            stem, _, name = proj_key.rpartition(".")
+            if stem in PROJECTOR_RENAMES:
+                projector[f"{PROJECTOR_RENAMES[stem]}.{name}"] = get(key)
+            else:
+                unknown.append(key)
+
+    for fused, parts in qkv.items():
+        if "wqkv" in parts:
+            q, k, v = parts["wqkv"].chunk(3, dim=0)
+            vision[fused] = torch.cat([rope_deinterleave(q, num_heads), rope_deinterleave(k, num_heads), v])
+        elif len(parts) == 3:
+            vision[fused] = torch.cat([parts["attn.q_proj"], parts["attn.k_proj"], parts["attn.v_proj"]])
+        else:
+            raise CheckpointError(f"{src}: {fused} needs q_proj, k_proj and v_proj; found only {sorted(parts)}.")
+    return vision, projector, unknown
 
 
 def check_complete(build, config: MoonViTConfig, state: dict[str, torch.Tensor], src: Path, what: str) -> None:
