@@ -21,7 +21,8 @@ header) and returns `(ids [L], media)`; `left_pad` stacks several into a left-pa
 
 Media values (in chat parts, `Media` segments and prompts) are decoded images (PIL or uint8 arrays), videos as
 frame sequences (`[T, H, W, 3]` arrays, lists of frames, or objects with `frames` and `fps` such as a
-`Screencast`), or, for videos only, local file paths (read with decord by the video processor).
+`Screencast`), or, for videos only, local file paths (read with decord by the video processor). Frames without a
+rate are taken as sampled at the video processor's `fps` (their chunk timestamps follow from it).
 """
 
 from __future__ import annotations
@@ -157,6 +158,9 @@ def process(processor: Any, text: str, images: Sequence[Any] = (), videos: Seque
         raise ConfigError("the text has images or videos: pass a KimiVLProcessor (not a bare tokenizer).")
     if videos:
         frames, video_kwargs = video_inputs(videos)
+        fps = getattr(getattr(processor, "video_processor", None), "fps", None)
+        for meta in video_kwargs.get("video_metadata", []):  # frames without a rate: sampled at the processor's
+            meta.setdefault("fps", fps)
         kwargs = {**video_kwargs, **kwargs}
     else:
         frames = None

@@ -138,7 +138,7 @@ class Mixture:
         """Refuse a source whose first readable record is of a kind the stage does not train on."""
         for i in range(min(len(source), 8)):
             try:
-                record = self._parse(source, i)
+                record = self._record(source, i)
             except BadRecordError:
                 continue
             if record.kind not in self.kinds:
@@ -178,10 +178,14 @@ class Mixture:
             self._shuffles[key] = Shuffle(n, f"{self.seed}:{source.name}:{epoch}")
         return self._shuffles[key](k)
 
-    def _parse(self, source: Source, index: int) -> Record:
+    def _record(self, source: Source, index: int) -> Record:
         row, reader, base = source.read(index)
         fmt = self.format or (get_format(reader.format_hint) if reader.format_hint else None)
-        record = parse_record(row, fmt, base, reward=self.reward)
+        return parse_record(row, fmt, base, reward=self.reward)
+
+    def _parse(self, source: Source, index: int) -> Record:
+        """The record at `index`, which must be of a kind the stage trains on (`BadRecordError` otherwise)."""
+        record = self._record(source, index)
         if record.kind not in self.kinds:
             raise BadRecordError(f"a {record.kind} record in data for {' and '.join(self.kinds)}s")
         return record

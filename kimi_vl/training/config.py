@@ -5,8 +5,9 @@ A run of a stage is configured by `TrainConfig` (optimizer and loop), `DataConfi
 default `TrainConfig` fields apply to pretrain and sft, `RLConfig` fields to rl) is:
 - a command-line option named after it (`lr` -> `--lr`, `grad_accum` -> `--grad-accum`; a few have a `flag`
   of their own, e.g. `sources` -> `--data`), its help taken from the class docstring's `Attributes:`;
-- a key of `--config FILE` (YAML or JSON, flat, the same names with `_` or `-`; the `train` / `data` / `rl`
-  sections of a written `run_config.json` are accepted too, so a run's resolved file can be passed back).
+- a key of `--config FILE` (YAML or JSON, flat, the field's or the option's name with `_` or `-`, e.g. `data` or
+  `sources`; the `train` / `data` / `rl` sections of a written `run_config.json` are accepted too, so a run's
+  resolved file can be passed back).
 
 Precedence: the preset's values, then the config file's, then the command line's. `resolve` checks every name and
 value; the resolved configuration is written to the run folder (`write_run_config`).
@@ -194,10 +195,13 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
     sections: dict[str, Any] = {"train": p.stages[stage], "data": p.data[stage],
                                 "rl": p.rl_algorithm if stage == "rl" else None}
     changes: dict[str, dict[str, Any]] = {"train": {}, "data": {}, "rl": {}}
-    unknown = sorted(set(overrides or {}) - set(fields))
+    aliases = {flag(name, f)[2:].replace("-", "_"): name for name, (_, f) in fields.items()}  # data -> sources
+    overrides = {aliases.get(k, k): v for k, v in (overrides or {}).items()}
+    unknown = sorted(set(overrides) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown} for `train {stage}`; known: {', '.join(sorted(fields))}.")
-    for name, value in (overrides or {}).items():
+        known = sorted({*fields, *aliases})
+        raise ConfigError(f"unknown setting(s) {unknown} for `train {stage}`; known: {', '.join(known)}.")
+    for name, value in overrides.items():
         section, f = fields[name]
         if "split" in f.metadata and isinstance(value, (list, tuple)):  # --tasks text,vision
             value = [item for v in value for item in (v.split(f.metadata["split"]) if isinstance(v, str) else [v])]

@@ -1,0 +1,171 @@
+"""Users' record schemas (`kimi_vl.data.formats`): detection, parsing into documents / chats / prompts, placeholder
+rules, every kind of bad record, media reading, and the encoding of parsed records as training would do it."""
+
+import numpy as np
+import pytest
+import torch
+
+from kimi_vl.data.encode import Media, encode_chat, encode_document, encode_prompt
+from kimi_vl.data.formats import (
+    MediaRef,
+    Record,
+    default_reward,
+    detect_format,
+    get_format,
+    parse_record,
+)
+from kimi_vl.errors import BadRecordError, ConfigError, InvalidMediaError
+from tests.data.userdata import image, png_bytes
+
+
+def parse(row, base=None, fmt=None, **kw) -> Record:
+    return parse_record(row, get_format(fmt) if fmt else None, base, **kw)
+
+
+def texts(record):
+    return [p["text"] for m in record.messages for p in m["content"] if p["type"] == "text"]
+
+
+def test_detection_by_keys():
+    cases = {"messages": {"messages": []}, "sharegpt": {"conversations": []}, "verl": {"prompt": [],
+             "reward_model": {}}, "easyr1": {"problem": "", "answer": ""}, "obelics": {"texts": [], "images": []},
+             "text": {"text": ""}, "webdataset": {"__key__": "k"}}
+    for name, row in cases.items():
+        assert detect_format(row).name == name
+    with pytest.raises(BadRecordError, match="no known schema has the keys"):
+        detect_format({"question": "q"})
+    with pytest.raises(BadRecordError, match="not a JSON object"):
+        detect_format([1, 2])
+    assert get_format("llava").name == "sharegpt"
+    with pytest.raises(ConfigError, match="unknown data format"):
+        get_format("alpaca")
+
+
+def test_text_documents_and_placeholders(tmp_path):
+    doc = parse({"text": "a <image> b <video> c", "images": ["x.png"], "videos": ["v.mp4"]}, tmp_path)
+    assert doc.kind == "document" and doc.format == "text"
+    assert [s if isinstance(s, str) else s.kind for s in doc.segments] == ["a ", "image", " b ", "video", " c"]
+    assert doc.segments[1].resolve_path("x.png") == str(tmp_path / "x.png")
+    prepended = parse({"text": "caption", "images": ["1.png", "2.png"]})  # media, no placeholder: prepended
+    assert [getattr(s, "kind", s) for s in prepended.segments] == ["image", "image", "caption"]
+    with pytest.raises(BadRecordError, match="2 <image> and 0 <video> placeholders but the record has 1 images"):
+        parse({"text": "<image><image>", "images": ["1.png"]})
+    with pytest.raises(BadRecordError, match="no 'text'"):
+        parse({"text": None}, fmt="text")
+
+
+def test_obelics_and_webdataset():
+    doc = parse({"texts": ["A", None, "B", "C"], "images": [None, "p.png", None, None]})
+    assert [getattr(s, "kind", s) for s in doc.segments] == ["A", "image", "B\n\nC"]
+    with pytest.raises(BadRecordError, match="slot 1 has both"):
+        parse({"texts": ["A", "B"], "images": [None, "p.png"]})
+    with pytest.raises(BadRecordError, match="2 slots but 'images' has 1"):
+        parse({"texts": ["A", None], "images": [None]})
+    wds = parse({"__key__": "k", "jpg": b"...", "json": '{"caption": " hi "}'})
+    assert wds.segments[1] == "hi" and wds.segments[0].value == b"..."
+    with pytest.raises(BadRecordError, match="no caption"):
+        parse({"__key__": "k", "png": b"..."})
+
+
+def test_llava_sharegpt_and_messages_chats():
+    llava = parse({"id": "1", "image": "a.png", "conversations": [
+        {"from": "human", "value": "<image>\nWhat?"}, {"from": "gpt", "value": "That."}]})
+    assert llava.kind == "chat" and [m["role"] for m in llava.messages] == ["user", "assistant"]
+    assert [p["type"] for p in llava.messages[0]["content"]] == ["image", "text"]
+    share = parse({"system": "Short.", "conversations": [{"from": "human", "value": "Hi"},
+                                                          {"from": "gpt", "value": "Yo"}]})
+    assert [m["role"] for m in share.messages] == ["system", "user", "assistant"]
+    typed = parse({"messages": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Q"}]},
+                                {"role": "assistant", "content": "A"}], "images": ["i.png"]})
+    assert typed.messages[0]["content"][0]["image"].value == "i.png" and texts(typed) == ["Q", "A"]
+    openai = parse({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u.png"}}]},
+                                 {"role": "assistant", "content": "A"}]})
+    assert openai.messages[0]["content"][0]["image"].value == "u.png"
+    no_placeholder = parse({"messages": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}],
+                            "videos": ["v.mp4"]})
+    assert [p["type"] for p in no_placeholder.messages[0]["content"]] == ["video", "text"]
+
+
+@pytest.mark.parametrize("row, reason", [
+    ({"conversations": [{"from": "human", "value": "Hi"}]}, "no assistant turn"),
+    ({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "  "}]}, "no assistant turn"),
+    ({"conversations": [{"from": "alien", "value": "Hi"}, {"from": "gpt", "value": "x"}]}, "unknown role 'alien'"),
+    ({"conversations": [{"value": "Hi"}]}, r"conversations\[0\] is not"),
+    ({"messages": [{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "x"}],
+      "images": ["a.png"]}, "more <image> placeholders than the record's 1 images"),
+    ({"messages": [{"role": "user", "content": "<image>"}, {"role": "assistant", "content": "x"}],
+      "images": ["a.png", "b.png"]}, "1 image and 0 video placeholders but the record has 2 images"),
+    ({"messages": [{"role": "user", "content": "a<|im_end|>b"}, {"role": "assistant", "content": "x"}]},
+     "reserved token '<\\|im_end\\|>'"),
+    ({"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "x"}]},
+     "unknown type 'audio'"),
+    ({"messages": "hello"}, "'messages' is a str, not a list"),
+])
+def test_bad_chats(row, reason):
+    with pytest.raises(BadRecordError, match=reason):
+        parse(row)
+
+
+def test_rl_prompts_and_their_rewards():
+    verl = parse({"data_source": "hiyouga/geometry3k", "prompt": [{"role": "user", "content": "<image>Find x."}],
+                  "images": [{"bytes": b"png", "path": None}], "reward_model": {"ground_truth": "12.5"},
+                  "extra_info": {"split": "train"}})
+    assert verl.kind == "prompt" and verl.reward == "number" and verl.answer == "12.5"
+    assert verl.task == "hiyouga/geometry3k" and verl.meta["extra_info"] == {"split": "train"}
+    easy = parse({"problem": "<image>Which?", "answer": "(C)", "images": ["a.png"]})
+    assert easy.reward == "choice" and easy.answer == "C" and easy.messages[0]["content"][0]["type"] == "image"
+    assert parse({"problem": "Name it.", "answer": "Paris"}).reward == "exact"
+    assert parse({"problem": "Name it.", "answer": "12"}, reward="ocr").reward == "ocr"
+    for answer, kind in (("[[1, 2, 30, 40]]", "grounding"), ("<html><b>x</b></html>", "html"), ("1,234", "number")):
+        assert default_reward(Record("prompt", answer=answer)) == kind
+    assert default_reward(Record("prompt", answer="HELLO", task="my_ocr_set")) == "ocr"
+    with pytest.raises(BadRecordError, match="no RL answer"):
+        parse({"problem": "Q", "answer": " "})
+    with pytest.raises(BadRecordError, match="no RL answer"):
+        parse({"prompt": [{"role": "user", "content": "Q"}], "reward_model": {}})
+    with pytest.raises(BadRecordError, match="does not end with a user turn"):
+        parse({"prompt": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}],
+               "reward_model": {"ground_truth": "1"}})
+    with pytest.raises(ConfigError, match="unknown reward"):
+        parse({"problem": "Q", "answer": "1"}, reward="vibes")
+
+
+def test_media_are_read_from_paths_bytes_structs_and_frame_lists(tmp_path):
+    image(0).save(tmp_path / "a.png")
+    assert MediaRef("image", "a.png", tmp_path).load().size == (56, 42)
+    assert MediaRef("image", png_bytes(image(1)), None).load().size == (56, 42)
+    assert MediaRef("image", {"bytes": None, "path": str(tmp_path / "a.png")}).load().mode == "RGB"
+    frames = MediaRef("video", ["a.png", "a.png"], tmp_path).load()
+    assert isinstance(frames, np.ndarray) and frames.shape == (2, 42, 56, 3)
+    with pytest.raises(InvalidMediaError, match="does not exist"):
+        MediaRef("image", "gone.png", tmp_path).load()
+    with pytest.raises(InvalidMediaError, match="does not exist"):
+        MediaRef("video", "gone.mp4", tmp_path).load()
+    with pytest.raises(InvalidMediaError, match="only local paths"):
+        MediaRef("image", "https://example.com/a.png", tmp_path).load()
+    image(2, 20, 20).save(tmp_path / "b.png")
+    with pytest.raises(InvalidMediaError, match="different sizes"):
+        MediaRef("video", ["a.png", "b.png"], tmp_path).load()
+
+
+def test_parsed_records_encode_like_training(proc, tmp_path):
+    """A document's text carries the loss and its image block does not; a LLaVA chat trains on the reply only; a
+    verl prompt renders with the generation prompt and its image tensors."""
+    image(3).save(tmp_path / "a.png")
+    doc = parse({"text": "see <image> here", "images": ["a.png"]}, tmp_path)
+    encoded = encode_document(doc.loaded(), proc)
+    n_img = encoded.input_ids.count(proc.image_token_id)
+    assert n_img == int(encoded.media["image_grid_thw"].prod()) // 4
+    assert all(lab == -100 for t, lab in zip(encoded.input_ids, encoded.labels) if t == proc.image_token_id)
+    assert proc.tokenizer.decode([t for t in encoded.labels if t != -100]).startswith("see ")
+    chat = parse({"image": "a.png", "conversations": [{"from": "human", "value": "<image>\nWhat?"},
+                                                      {"from": "gpt", "value": "Noise."}]}, tmp_path)
+    c = encode_chat(chat.loaded(), proc)
+    assert proc.tokenizer.decode([t for t in c.labels if t != -100]) == "Noise.<|im_end|>"
+    prompt = parse({"problem": "<image>Which?", "answer": "B", "images": ["a.png"]}, tmp_path).loaded()
+    ids, media = encode_prompt(prompt, proc)
+    assert proc.tokenizer.decode(ids).endswith("<|im_assistant|>assistant<|im_middle|>") and media["pixel_values"].ndim == 4
+    assert torch.equal(media["image_grid_thw"], encoded.media["image_grid_thw"])
+    plain = encode_document(parse({"text": "a <|im_end|> b"}).loaded(), proc)  # documents: special strings stay text
+    assert proc.tokenizer.convert_tokens_to_ids("<|im_end|>") not in plain.input_ids
+    assert isinstance(doc.loaded()[1], Media)

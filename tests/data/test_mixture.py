@@ -1,0 +1,172 @@
+"""Mixing users' sources (`kimi_vl.data.mixture`): the shuffled read order, weights, epoch coverage, batches as pure
+functions of their index, bad records replaced deterministically, strict mode, the vision ratio on users' data, RL
+prompts, and data fingerprints."""
+
+import json
+import re
+from collections import Counter
+
+import pytest
+import torch
+
+from kimi_vl.data.mixture import (
+    Mixture,
+    PromptStream,
+    Shuffle,
+    fingerprint_changes,
+    mixture_stream,
+)
+from kimi_vl.data.sources import open_source
+from kimi_vl.errors import BadRecordError, ConfigError, DataError
+from tests.data.userdata import image, write_user_data
+
+SEQ, ROWS = 64, 2
+
+
+def docs(path, n, *, tag="doc", bad=(), image_dir=None):
+    with open(path, "w") as f:
+        for i in range(n):
+            if i in bad:
+                f.write("{broken\n")
+            elif image_dir is not None:
+                f.write(json.dumps({"text": f"{tag}{i} <image> pictured", "images": [f"{image_dir}/{i % 4}.png"]}) + "\n")
+            else:
+                f.write(json.dumps({"text": f"{tag}{i} " + "words and more words " * 3}) + "\n")
+    return str(path)
+
+
+def mixture(*specs, kinds=("document", "chat"), **kw):
+    return Mixture([open_source(s) for s in specs], seed=kw.pop("seed", 0), kinds=kinds, **kw)
+
+
+def tags(proc, batch, tag="doc"):
+    return re.findall(rf"\b{tag}(\d+) ", proc.tokenizer.decode(batch.input_ids[0]))
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 7, 64, 100, 257])
+def test_shuffle_is_a_bijection(n):
+    for key in ("a", "b"):
+        out = [Shuffle(n, key)(i) for i in range(n)]
+        assert sorted(out) == list(range(n))
+    if n >= 7:
+        assert [Shuffle(n, "a")(i) for i in range(n)] != [Shuffle(n, "b")(i) for i in range(n)]
+        assert [Shuffle(n, "a")(i) for i in range(n)] != list(range(n))
+    with pytest.raises(IndexError):
+        Shuffle(n, "a")(n)
+
+
+def test_weights_give_the_observed_proportions(proc, tmp_path):
+    a, b = docs(tmp_path / "a.jsonl", 300, tag="a"), docs(tmp_path / "b.jsonl", 100, tag="b")
+    for specs, expected in (((f"{a}=1", f"{b}=3"), 0.25), ((a, b), 0.75), ((f"{a}=2", b), 2 / 3)):
+        m = mixture(*specs)
+        stream = mixture_stream(m, proc, seq_len=SEQ, rows=ROWS, seed=0)
+        drawn = Counter()
+        for i in range(60):
+            drawn.update(stream.batch(i).documents)
+        assert drawn[a] / (drawn[a] + drawn[b]) == pytest.approx(expected, abs=0.06)
+
+
+def test_an_epoch_reads_every_record_about_once(proc, tmp_path):
+    source = docs(tmp_path / "a.jsonl", 80)
+    m = mixture(source)
+    stream = mixture_stream(m, proc, seq_len=SEQ, rows=ROWS, seed=0)
+    rate = m.rates[source]
+    assert 2 < rate < 10  # measured draws per batch
+    seen = Counter()
+    for i in range(round(80 / rate)):
+        seen.update(tags(proc, stream.batch(i)))
+    assert len(seen) >= 0.85 * 80 and max(seen.values()) <= 2
+    other = mixture_stream(mixture(source, seed=1), proc, seq_len=SEQ, rows=ROWS, seed=1)
+    assert tags(proc, other.batch(0)) != tags(proc, stream.batch(0))  # the order depends on the seed
+
+
+def test_batches_are_pure_functions_of_their_index(proc, tmp_path):
+    src = docs(tmp_path / "a.jsonl", 50, bad=(3, 11, 12, 30))
+    one = mixture_stream(mixture(src), proc, seq_len=SEQ, rows=ROWS, seed=5)
+    two = mixture_stream(mixture(src), proc, seq_len=SEQ, rows=ROWS, seed=5)
+    for i in (9, 0, 4):  # any order
+        b1, b2 = one.batch(i), two.batch(i)
+        assert torch.equal(b1.input_ids, b2.input_ids) and torch.equal(b1.labels, b2.labels)
+        assert b1.documents == b2.documents and b1.bad_records == b2.bad_records
+
+
+def test_bad_records_are_skipped_replaced_and_reported(proc, tmp_path):
+    src = docs(tmp_path / "a.jsonl", 40, bad=set(range(0, 40, 3)))
+    stream = mixture_stream(mixture(src), proc, seq_len=SEQ, rows=ROWS, seed=0)
+    bad = [r for i in range(8) for r in stream.batch(i).bad_records]
+    assert bad and all(r["source"] == src and r["file"] == src and r["reason"].startswith("malformed JSON")
+                       for r in bad)
+    assert {r["row"] for r in bad} <= {i + 1 for i in range(0, 40, 3)}  # 1-based line numbers of the bad lines
+    assert all(stream.batch(i).num_pad_tokens == 0 for i in range(8))  # the replacements filled the rows
+
+    with pytest.raises(BadRecordError, match=r"a\.jsonl:\d+: malformed JSON.*--strict") as err:
+        mixture_stream(mixture(src, strict=True), proc, seq_len=SEQ, rows=ROWS, seed=0)
+    assert err.value.file == src and err.value.row in {i + 1 for i in range(0, 40, 3)}
+
+    all_bad = docs(tmp_path / "bad.jsonl", 10, bad=set(range(10)))
+    with pytest.raises(DataError, match="more than 3 bad records in a row in data source .*bad.jsonl"):
+        mixture_stream(mixture(all_bad, max_bad_in_a_row=3), proc, seq_len=SEQ, rows=ROWS, seed=0)
+
+
+def test_stages_refuse_data_of_the_wrong_kind(tmp_path):
+    data = write_user_data(tmp_path)
+    with pytest.raises(ConfigError, match="holds documents, but this stage trains on chats"):
+        mixture(str(data["docs.jsonl"]), kinds=("chat",))
+    with pytest.raises(ConfigError, match="holds prompts"):
+        mixture(str(data["verl.parquet"]))
+    with pytest.raises(ConfigError, match="given twice"):
+        mixture(str(data["docs.jsonl"]), str(data["docs.jsonl"]))
+
+
+def test_vision_ratio_on_users_media_and_text_sources(proc, tmp_path):
+    (tmp_path / "img").mkdir()
+    for i in range(4):
+        image(i, 112, 112).save(tmp_path / "img" / f"{i}.png")
+    pictures = docs(tmp_path / "pictures.jsonl", 60, tag="pic", image_dir="img")
+    text = docs(tmp_path / "text.jsonl", 60)
+    m = mixture(pictures, text)
+    assert [s.name for s in m.media_sources()] == [pictures]
+    stream = mixture_stream(m, proc, seq_len=128, rows=4, seed=0, vision_ratio=0.3)
+    shares = [stream.batch(i).num_vision_tokens / stream.batch(i).num_tokens for i in range(5)]
+    assert all(abs(s - 0.3) < 0.08 for s in shares), shares
+    b = stream.batch(0)
+    assert int((b.input_ids == proc.image_token_id).sum()) == int(b.image_grid_thw.prod(-1).sum()) // 4
+    alone = mixture_stream(mixture(text), proc, seq_len=128, rows=4, seed=0, vision_ratio=0.3)
+    assert alone.batch(0).num_vision_tokens == 0  # no media source: no ratio to keep
+
+
+def test_rl_prompts_from_users_rows(tmp_path):
+    data = write_user_data(tmp_path)
+    m = Mixture([open_source(f"{data['verl.parquet']}=3"), open_source(f"{data['easyr1.jsonl']}=1")], seed=0,
+                kinds=("prompt",))
+    stream = PromptStream(m, per_step=6)
+    prompts, bad = stream.prompts(2)
+    again, bad_again = PromptStream(m, per_step=6).prompts(2)
+    assert len(prompts) == 6 and [p.answer for p in prompts] == [p.answer for p in again] and bad == bad_again
+    assert {p.task for p in prompts} <= {"hiyouga/geometry3k", "easyr1"}
+    assert all(p.messages[-1]["role"] == "user" for p in prompts)
+    verl = next(p for p in prompts if p.task == "hiyouga/geometry3k")
+    assert verl.reward == "number" and verl.messages[0]["content"][0]["image"].mode == "RGB"
+    reasons = {r["reason"] for step in range(10) for r in stream.prompts(step)[1]}
+    assert reasons <= {"no RL answer (the ground truth is missing or empty)",
+                       f"image file '{data['easyr1.jsonl'].parent / 'img/gone.png'}' does not exist; check the path."}
+
+
+def test_tokenizer_texts_and_fingerprints(tmp_path):
+    data = write_user_data(tmp_path)
+    m = mixture(str(data["docs.jsonl"]), str(data["llava.json"]))
+    texts = m.texts(8)
+    assert len(texts) == 8 and all(isinstance(t, str) and t for t in texts)
+    old = m.fingerprint()
+    assert fingerprint_changes(old, mixture(str(data["docs.jsonl"]), str(data["llava.json"])).fingerprint()) == []
+    changed = mixture(f"{data['docs.jsonl']}=2", str(data["notes"])).fingerprint()
+    lines = fingerprint_changes(old, changed)
+    assert f"source {data['llava.json']} was removed" in lines and f"source {data['notes']} was added" in lines
+    assert f"source {data['docs.jsonl']}: weight None -> 2.0" in lines
+    with open(data["docs.jsonl"], "a") as f:
+        f.write(json.dumps({"text": "one more"}) + "\n")
+    grown = mixture(str(data["docs.jsonl"]), str(data["llava.json"])).fingerprint()
+    assert any("docs.jsonl: size" in line for line in fingerprint_changes(old, grown))
+    embedded = {"sources": [], "format": "auto", "reward": None, "seed": 0}
+    assert "source embedded (standard library corpus + synthetic world) was removed" in fingerprint_changes(
+        embedded, old)

@@ -1,0 +1,167 @@
+"""Every stage on users' files through the command line: documents, chats and RL prompts in their schemas, settings
+from `--config` and options, bad records logged and counted, `--strict`, the data fingerprint on resume, SIGKILL
+at any point then rerun (the same loss curve, exactly), data-loader workers, and two gloo processes against one."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kimi_vl.cli import main
+from kimi_vl.data.corpus import tokenizer_texts
+from kimi_vl.errors import DataError
+from kimi_vl.fusion import build_tokenizer
+from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary
+from kimi_vl.training.trainer import read_metrics
+from tests.data.userdata import BAD, write_user_data
+
+ROOT = Path(__file__).resolve().parents[2]
+SMALL = ["--seq-len", "96", "--rows", "2", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("userdata")
+    paths = write_user_data(root)
+    build_tokenizer(tokenizer_texts(0, 300), 600).save_pretrained(root / "tok")
+    return root, paths
+
+
+def bad_rows() -> set[str]:
+    return set().union(*BAD.values())
+
+
+def test_every_stage_on_users_files(data, tmp_path):
+    root, p = data
+    config = tmp_path / "pretrain.yaml"
+    config.write_text(f"lr: 0.01\nsteps: 5\nseq_len: 96\nrows: 2\ntokenizer: {root / 'tok'}\nwarmup-steps: 1\n"
+                      f"data:\n  - {p['docs.jsonl']}=2\n  - {p['llava.json']}\n  - {p['shards']}\n"
+                      f"  - {p['obelics.parquet']}\n  - {p['notes']}\n")
+    pre = tmp_path / "pre"
+    assert main(["train", "pretrain", "--config", str(config), "--lr", "1e-3", "--steps", "3", "--out", str(pre),
+                 "--checkpoint-every", "3", "--no-progress"]) == 0
+    resolved = json.loads((pre / "run_config.json").read_text())
+    assert resolved["train"]["lr"] == 1e-3 and resolved["train"]["steps"] == 3  # options override the file
+    assert resolved["train"]["warmup_steps"] == 1 and resolved["data"]["seq_len"] == 96  # the file overrides the preset
+    assert resolved["data"]["sources"][0] == f"{p['docs.jsonl']}=2" and resolved["stage"] == "pretrain"
+    metrics = read_metrics(pre / "metrics.jsonl")
+    assert len(metrics) == 3 and all(m["documents"] for m in metrics)
+    errors = [json.loads(line) for line in (pre / "data_errors.jsonl").read_text().splitlines()] \
+        if (pre / "data_errors.jsonl").exists() else []
+    assert {f"{Path(r['file']).name}:{r['row']}" for r in errors} <= bad_rows()
+    assert sum(sum(m.get("bad_records", {}).values()) for m in metrics) == len(errors)
+    assert read_summary(pre)["bad_records"] == len(errors) and read_summary(pre)["data"][1] == str(p["llava.json"])
+
+    sft = tmp_path / "sft"
+    assert main(["train", "sft", "--from", str(pre), "--out", str(sft), "--data", str(p["llava.json"]), "--data",
+                 str(p["messages.jsonl"]), "--data", str(p["sharegpt.jsonl"]), "--steps", "2", *SMALL]) == 0
+    assert read_summary(sft)["from"] == str(pre) and read_metrics(sft / "metrics.jsonl")[-1]["step"] == 2
+
+    rl = tmp_path / "rl"
+    assert main(["train", "rl", "--from", str(sft), "--out", str(rl), "--data", f"{p['verl.parquet']}=3", "--data",
+                 str(p["easyr1.jsonl"]), "--steps", "2", "--prompts-per-step", "4", "--k", "2",
+                 "--max-new-tokens", "6", "--no-progress"]) == 0
+    rl_metrics = read_metrics(rl / "metrics.jsonl")
+    assert len(rl_metrics) == 2 and any(k.startswith("reward/") for k in rl_metrics[0])
+    assert set(read_summary(rl)["data"]) == {f"{p['verl.parquet']}=3", str(p["easyr1.jsonl"])}
+    model, _ = load_checkpoint_dir(rl)
+    assert type(model).__name__ == "KimiVLForConditionalGeneration"
+
+
+def test_bad_settings_and_strict_mode_fail_clearly(data, tmp_path, capsys):
+    root, p = data
+    (tmp_path / "c.json").write_text(json.dumps({"learning_rate": 1}))
+    assert main(["train", "pretrain", "--config", str(tmp_path / "c.json"), "--out", str(tmp_path / "x")]) == 2
+    assert "unknown setting(s) ['learning_rate']" in capsys.readouterr().err
+    assert main(["train", "pretrain", "--lr", "fast", "--out", str(tmp_path / "x")]) == 2
+    assert "lr: 'fast' is not a valid float" in capsys.readouterr().err
+    assert main(["train", "pretrain", "--data", str(p["docs.jsonl"]), "--strict", "--tokenizer", str(root / "tok"),
+                 "--out", str(tmp_path / "strict"), "--steps", "2", *SMALL]) == 2
+    err = capsys.readouterr().err
+    assert "(--strict stops at the first bad record)" in err
+    assert any(f"{p['docs.jsonl']}:{row.split(':')[1]}:" in err for row in BAD["docs.jsonl"])
+
+
+def test_resume_checks_the_data(data, tmp_path):
+    root, p = data
+    docs = tmp_path / "docs.jsonl"
+    docs.write_text(p["docs.jsonl"].read_text())
+    (tmp_path / "img").symlink_to(root / "img")
+    (tmp_path / "clip.mp4").symlink_to(root / "clip.mp4")
+    run = tmp_path / "run"
+    kw = dict(sources=[str(docs)], tokenizer=str(root / "tok"), seq_len=96, rows=2, checkpoint_every=1,
+              progress=False)
+    pretrain(run, steps=1, **kw)
+    (run / "training_summary.json").unlink()  # as if killed after the step-1 checkpoint
+    with open(docs, "a") as f:
+        f.write(json.dumps({"text": "a new record"}) + "\n")
+    with pytest.raises(DataError, match=r"docs.jsonl: size \d+ -> \d+ bytes.*--allow-data-change"):
+        pretrain(run, steps=2, **kw)
+    pretrain(run, steps=2, allow_data_change=True, **kw)
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
+def _command(out: Path, root: Path, p: dict, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kimi_vl.cli", "train", "pretrain", "--out", str(out), "--data",
+            str(p["docs.jsonl"]), "--data", str(p["llava.json"]), "--data", str(p["obelics.parquet"]), "--tokenizer",
+            str(root / "tok"), "--steps", "6", "--checkpoint-every", "2", *SMALL, *extra]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _curve(out: Path) -> list[tuple]:
+    return [(m["step"], m["loss"], m["grad_norm"], m.get("documents"), m.get("bad_records"))
+            for m in read_metrics(out / "metrics.jsonl")]
+
+
+def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
+    """Killed with SIGKILL twice (during its set-up, then just after its step-2 checkpoint), the same command rerun
+    gives the uninterrupted run's metrics, bad-record log and weights exactly; the killed run builds its batches in a
+    data-loader worker, the reference in the training process."""
+    root, p = data
+    reference = tmp_path / "reference"
+    subprocess.run(_command(reference, root, p), check=True, env=_env(), capture_output=True)
+    killed = tmp_path / "killed"
+    for marker in ("run_config.json", "state/step_00000002"):  # kill during set-up, then inside step 3
+        proc = subprocess.Popen(_command(killed, root, p, "--num-workers", "1"), env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.time() + 300
+        while not (killed / marker).exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert not (killed / "training_summary.json").exists()
+    subprocess.run(_command(killed, root, p, "--num-workers", "1"), check=True, env=_env(), capture_output=True)
+    assert _curve(killed) == _curve(reference)
+    errors = [(killed / "data_errors.jsonl"), (reference / "data_errors.jsonl")]
+    assert [e.read_text() if e.exists() else "" for e in errors][0] == [e.read_text() if e.exists() else ""
+                                                                        for e in errors][1]
+    a, _ = load_checkpoint_dir(killed)
+    b, _ = load_checkpoint_dir(reference)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        assert torch.equal(x, y), name
+
+
+def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
+    """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
+    documents and bad records at every step, the same losses up to float rounding."""
+    root, p = data
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(_command(one, root, p, "--steps", "3", "--grad-accum", "2"), check=True, env=_env(),
+                   capture_output=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(29_500 + os.getpid() % 1000), *_command(two, root, p, "--steps", "3", "--grad-accum", "1")[1:]],
+                   check=True, env=_env(), capture_output=True)
+    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
+    for x, y in zip(a, b):
+        assert x["documents"] == y["documents"] and x.get("bad_records") == y.get("bad_records")
+        assert x["tokens"] == y["tokens"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
