@@ -443,6 +443,12 @@ def with_reward(record: Record, reward: str | None) -> Record:
     answer = record.answer
     if kind == "choice":
         answer = answer.strip().strip("()")
+        if not re.fullmatch(r"[A-Za-z]", answer):
+            raise _bad(f"the answer {record.answer!r} is not an option letter (reward choice)")
+    elif kind in ("number", "count") and not re.search(r"\d", answer):
+        raise _bad(f"the answer {answer!r} holds no number (reward {kind})")
+    elif kind == "grounding" and not _BOXES.match(answer):
+        raise _bad(f"the answer {answer!r} is not a list of [x0, y0, x1, y1] boxes (reward grounding)")
     return replace(record, reward=kind, answer=answer)
 
 

@@ -169,3 +169,13 @@ def test_parsed_records_encode_like_training(proc, tmp_path):
     plain = encode_document(parse({"text": "a <|im_end|> b"}).loaded(), proc)  # documents: special strings stay text
     assert proc.tokenizer.convert_tokens_to_ids("<|im_end|>") not in plain.input_ids
     assert isinstance(doc.loaded()[1], Media)
+
+
+def test_a_forced_reward_must_fit_the_answer():
+    with pytest.raises(BadRecordError, match="holds no number"):
+        parse({"problem": "Q", "answer": "\\frac{a}{b}"}, reward="number")
+    with pytest.raises(BadRecordError, match="not an option letter"):
+        parse({"problem": "Q", "answer": "12"}, reward="choice")
+    with pytest.raises(BadRecordError, match="not a list of"):
+        parse({"problem": "Q", "answer": "left"}, reward="grounding")
+    assert parse({"problem": "Q", "answer": "\\frac{2}{3}"}).reward == "exact"
