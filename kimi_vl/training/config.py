@@ -2,7 +2,7 @@
 
 A run of a stage is configured by `TrainConfig` (optimizer and loop), `DataConfig` (data and packing) and, for RL,
 `RLConfig` (rollouts and objective). Every field that applies to the stage (a field's `stages` metadata; by
-default `TrainConfig` fields apply to pretrain and sft, `RLConfig` fields to rl) is:
+default `TrainConfig` fields apply to every stage, `RLConfig` fields to rl) is:
 - a command-line option named after it (`lr` -> `--lr`, `grad_accum` -> `--grad-accum`; a few have a `flag`
   of their own, e.g. `sources` -> `--data`), its help taken from the class docstring's `Attributes:`;
 - a key of `--config FILE` (YAML or JSON, flat, the field's or the option's name with `_` or `-`, e.g. `data` or
@@ -33,7 +33,7 @@ from .trainer import TrainConfig
 
 STAGES: tuple[str, ...] = ("pretrain", "sft", "rl")
 SECTIONS: dict[str, type] = {"train": TrainConfig, "data": DataConfig, "rl": RLConfig}
-_DEFAULT_STAGES = {TrainConfig: ("pretrain", "sft"), DataConfig: STAGES, RLConfig: ("rl",)}
+_DEFAULT_STAGES = {TrainConfig: STAGES, DataConfig: STAGES, RLConfig: ("rl",)}
 RUN_CONFIG = "run_config.json"
 
 

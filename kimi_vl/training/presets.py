@@ -51,7 +51,8 @@ PRESETS: dict[str, Preset] = {
         stages={
             "pretrain": TrainConfig(steps=1100, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=275),
             "sft": TrainConfig(steps=500, lr=2e-3, warmup_steps=10, checkpoint_every=100),
-            "rl": TrainConfig(steps=20, lr=2e-4, weight_decay=0.0, checkpoint_every=10),
+            "rl": TrainConfig(steps=20, lr=2e-4, weight_decay=0.0, warmup_steps=0, decay_fraction=0.0,
+                              checkpoint_every=10),
         },
         # 10% vision tokens, K2.5's early-fusion ablation winner (10:90): with their questions and replies the
         # image documents still fill about 30% of a batch (40% in the drill phase; at 25% vision: 63% and 91%).
@@ -85,7 +86,7 @@ PRESETS: dict[str, Preset] = {
             "pretrain": TrainConfig(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=2, checkpoint_every=1000,
                                     val_every=1000),
             "sft": TrainConfig(steps=2000, lr=5e-4, warmup_steps=100, checkpoint_every=500),
-            "rl": TrainConfig(steps=500, lr=1e-5, weight_decay=0.0, checkpoint_every=50),
+            "rl": TrainConfig(steps=500, lr=1e-5, weight_decay=0.0, warmup_steps=10, checkpoint_every=50),
         },
         data={
             "pretrain": DataConfig(**_SMALL_PACKING, vocab_size=32768, tokenizer_texts=200_000, image_max_patches=1024,

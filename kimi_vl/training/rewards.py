@@ -15,8 +15,9 @@ Every reward lies in [0, 1]; higher is better. `reward(sample, response)` dispat
 Answer extraction (`extract_*`) follows the formats the synthetic world's target responses use, e.g.
 `"... The answer is (B)."`, `"... The answer is 7."`, `"The answer is [[1, 2, 30, 40]]."`: the text after the
 **last** "answer is" wins (a model may restate intermediate answers), and a `\\boxed{...}` (the convention of math
-prompts such as verl's) wins over both; without either, each extractor falls back to a format-specific rule (MMLU-Pro's `Answer: X` and last standalone letter for choices, the last number for
-numbers, the whole response for OCR, every box in the response for grounding).
+prompts such as verl's) wins over it; without either, each extractor falls back to a format-specific rule
+(MMLU-Pro's `Answer: X` and last standalone letter for choices, the last number for numbers, the whole response for
+OCR, every box in the response for grounding).
 
 Only attributes of `sample` are read (`reward`, `answer`, `choices`, `meta`), so any object with those attributes
 works (`kimi_vl.data.world.Sample` in practice).

@@ -37,21 +37,11 @@ from ..modeling import KimiVLForConditionalGeneration
 from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .config import RunConfig, resolve, write_run_config
-from .muonclip import MuonClip
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
-from .rl import rl_iteration
-from .trainer import (
-    DATA_ERRORS,
-    Trainer,
-    append_jsonl,
-    check_data,
-    read_metrics,
-    rewind_metrics,
-    unigram_entropy,
-)
+from .rl import RLStep
+from .trainer import Trainer, read_metrics, unigram_entropy
 
 SUMMARY = "training_summary.json"
 
@@ -216,58 +206,41 @@ def world_prompts(tasks: tuple[str, ...], n: int, seed: int, step: int) -> list[
 
 def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
        config: RunConfig | None = None, **settings: Any) -> Path:
-    """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`); step `i`
-    draws `prompts_per_step` prompts (users' rows, or world samples of the task families `tasks`), a pure function
-    of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the checkpoint directory `out_dir`."""
-    from tqdm.auto import tqdm
-
+    """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`) on the
+    `Trainer` (`RLStep`); rollout batch `i` draws `prompts_per_step` prompts (users' rows, or world samples of the
+    task families `tasks`), a pure function of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the
+    checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     if stage_complete(out_dir):
         return out_dir
+    t0 = time.perf_counter()
     cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings)
-    train, data, algo = cfg.train, cfg.data, cfg.rl
+    data = cfg.data
     prompts = rl_prompts(data, cfg.seed)
-    tasks = None if prompts is not None else rl_tasks(data.tasks)
-    fingerprint = data_fingerprint(None if prompts is None else prompts.mixture, cfg.seed)
+    if prompts is None:
+        tasks = rl_tasks(data.tasks)
+        source = lambda index: (world_prompts(tasks, data.prompts_per_step, cfg.seed, index), [])  # noqa: E731
+    else:
+        source = prompts.prompts
     model, processor = load_checkpoint_dir(from_dir)
-    model.language_model.model.reset_expert_loads()
-    optimizer = MuonClip(model, train.lr, weight_decay=train.weight_decay)
-    state_dir, metrics_path, errors_path = out_dir / "state", out_dir / "metrics.jsonl", out_dir / DATA_ERRORS
-    write_run_config(cfg, out_dir)
-    step, t0 = 0, time.perf_counter()
-    if (last := latest_checkpoint(state_dir)) is not None:
-        check_data(json.loads((last / "trainer_state.json").read_text()).get("data"), fingerprint,
-                   data.allow_data_change, last)
-        step = load_checkpoint(last, model=model, optimizer=optimizer)["step"]
-    rewind_metrics(metrics_path, step)
-    rewind_metrics(errors_path, step)
     label = "+".join(data.tasks) if prompts is None else "data"
-    bar = tqdm(total=train.steps, initial=step, desc=f"rl ({label})", disable=not train.progress, dynamic_ncols=True)
-    while step < train.steps:
-        if prompts is None:
-            samples, bad = world_prompts(tasks, data.prompts_per_step, cfg.seed, step), []
-        else:
-            samples, bad = prompts.prompts(step)
-        metrics, _ = rl_iteration(model, optimizer, processor, samples, algo, seed=cfg.seed * 1_000_003 + step)
-        model.language_model.model.update_router_biases()
-        step += 1
-        if bad:
-            append_jsonl(errors_path, [{"step": step, **r} for r in bad])
-            metrics["bad_records"] = len(bad)
-        append_jsonl(metrics_path, [{"step": step, **metrics}])
-        bar.update(1)
-        bar.set_postfix(reward=f"{metrics['reward_mean']:.2f}")
-        if step % train.checkpoint_every == 0 or step == train.steps:
-            save_checkpoint(state_dir, step, model=model, optimizer=optimizer, keep=train.keep_checkpoints,
-                            trainer_state={"tasks": list(data.tasks), "data": fingerprint})
-    bar.close()
-    metrics = read_metrics(metrics_path)
+    trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed), cfg.train, out_dir,
+                      desc=f"rl ({label})", fingerprint=data_fingerprint(prompts and prompts.mixture, cfg.seed),
+                      allow_data_change=data.allow_data_change)
+    if trainer.accelerator.is_main_process:
+        write_run_config(cfg, out_dir)
+    trainer.train()
+    if not trainer.accelerator.is_main_process:
+        return out_dir
+    metrics = read_metrics(out_dir / "metrics.jsonl")
     plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({label})")
-    first, last_ = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
-    return _finish("rl", model, processor, out_dir, {
-        "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir), "tasks": list(data.tasks) if tasks else None,
-        "data": data.sources or "embedded", "steps": train.steps, "algorithm": algo.algorithm, "k": algo.k,
-        "prompts_per_step": data.prompts_per_step,
+    first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
+    return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), processor, out_dir, {
+        "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir),
+        "tasks": list(data.tasks) if prompts is None else None, "data": data.sources or "embedded",
+        "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
+        "prompts_per_step": data.prompts_per_step, "updates_per_batch": cfg.rl.updates_per_batch,
         "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
-        "reward_last_fifth": sum(m["reward_mean"] for m in last_) / len(last_),
-        "bad_records": sum(m.get("bad_records", 0) for m in metrics), "wall_time_s": time.perf_counter() - t0})
+        "reward_last_fifth": sum(m["reward_mean"] for m in last) / len(last),
+        "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),
+        "wall_time_s": time.perf_counter() - t0})

@@ -1,14 +1,19 @@
-"""The training loop shared by the `pretrain` and `sft` stages, readable top to bottom in `Trainer.train`.
+"""The one training loop, readable top to bottom in `Trainer.train`, for language-model steps and RL steps alike.
 
-One optimizer step = `grad_accum` micro-batches per process. Micro-batch `m` of step `s` on rank `r` of `W` is
-`data.batch((s * grad_accum + m) * W + r)`: batches are pure functions of their index, so a resumed run sees exactly
-the batches the uninterrupted one would have, and the loss curve is reproduced bit for bit on CPU.
+What one optimizer step computes is a `TrainingStep`: its `backward(trainer)` leaves the gradients of its objective
+in `.grad` and returns the step's loss, token count and metrics.
+- `LanguageModelStep` (pre-training, SFT): `grad_accum` micro-batches per process. Micro-batch `m` of step `s` on
+  rank `r` of `W` is `data.batch((s * grad_accum + m) * W + r)`: batches are pure functions of their index, so a
+  resumed run sees exactly the batches the uninterrupted one would have, and the loss curve is reproduced bit for
+  bit on CPU. `num_workers` data-loader processes build them ahead.
+- `kimi_vl.training.rl.RLStep` (RL): rollouts, rewards and one update of the K2.5 objective (or GRPO).
 
-Per step: forward/backward under accelerate (bf16 autocast on GPU, fp32 on CPU), a non-finite guard (a step whose
-loss or gradient norm is NaN/Inf is skipped and counted; `nan_patience` in a row stop training with
-`TrainingDivergedError`), gradient clipping, the WSD learning rate, `MuonClip.step()` (update then QK-Clip), the
-aux-loss-free router-bias update from the step's expert loads, one JSONL metrics line, and periodic atomic
-checkpoints (`kimi_vl.training.checkpoint`).
+Per step: the step's forward/backward under accelerate (bf16 autocast on GPU, fp32 on CPU; DDP or FSDP2 across
+processes), a non-finite guard (a step whose loss or gradient norm is NaN/Inf is skipped and counted; `nan_patience`
+in a row stop training with `TrainingDivergedError`), gradient clipping, the WSD learning rate, the optimizer step
+(MuonClip: update then QK-Clip) and its post-step hooks (the aux-loss-free router-bias update,
+`kimi_vl.training.router_balancing`), one JSONL metrics line, and periodic atomic checkpoints
+(`kimi_vl.training.checkpoint`) where the step allows them.
 """
 
 from __future__ import annotations
@@ -30,9 +35,9 @@ from tqdm.auto import tqdm
 from ..data.loader import batches
 from ..data.mixture import fingerprint_changes
 from ..errors import ConfigError, DataError, TrainingDivergedError
-from ..text.moe import TopKRouter
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
+from .router_balancing import RouterBalancing
 
 DATA_ERRORS = "data_errors.jsonl"
 
@@ -43,12 +48,9 @@ class BatchSource(Protocol):
     def batch(self, index: int) -> Any: ...
 
 
-ALL_STAGES = ("pretrain", "sft", "rl")
-
-
-def _rl_too(default: Any) -> Any:
-    """A `TrainConfig` field the RL stage uses as well (the others apply to `pretrain` and `sft`)."""
-    return field(default=default, metadata={"stages": ALL_STAGES})
+def _packed_only(default: Any) -> Any:
+    """A `TrainConfig` field of the packed-data stages (pretrain, sft) only; the others apply to RL as well."""
+    return field(default=default, metadata={"stages": ("pretrain", "sft")})
 
 
 @dataclass
@@ -64,7 +66,7 @@ class TrainConfig:
         optimizer: muonclip or adamw.
         weight_decay: decoupled weight decay of the hidden matrices.
         qk_clip_tau: QK-Clip threshold on the max attention logit (none: off).
-        grad_accum: micro-batches per optimizer step and process.
+        grad_accum: micro-batches per optimizer step and process (RL: `micro_batch_size` splits the rollouts).
         warmup_steps: linear warmup steps.
         decay_fraction: fraction of the steps spent in the final linear decay.
         min_lr_ratio: learning rate at the end of the decay, as a fraction of lr.
@@ -79,24 +81,24 @@ class TrainConfig:
         progress: show a progress bar.
     """
 
-    steps: int = _rl_too(1000)
-    lr: float = _rl_too(3e-3)
+    steps: int = 1000
+    lr: float = 3e-3
     optimizer: str = "muonclip"
-    weight_decay: float = _rl_too(0.1)
+    weight_decay: float = 0.1
     qk_clip_tau: float | None = 100.0
-    grad_accum: int = 1
+    grad_accum: int = _packed_only(1)
     warmup_steps: int = 10
     decay_fraction: float = 0.2
     min_lr_ratio: float = 0.1
     max_grad_norm: float | None = 1.0
     router_bias_rate: float = 1e-3
     nan_patience: int = 5
-    checkpoint_every: int = _rl_too(50)
-    keep_checkpoints: int = _rl_too(2)
-    val_every: int = 0
-    val_batches: int = 4
+    checkpoint_every: int = 50
+    keep_checkpoints: int = 2
+    val_every: int = _packed_only(0)
+    val_batches: int = _packed_only(4)
     precision: str = "auto"
-    progress: bool = _rl_too(True)
+    progress: bool = True
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.grad_accum < 1:
@@ -144,33 +146,98 @@ def unigram_entropy(data: BatchSource, num_batches: int = 8) -> float:
     return -sum(n / total * math.log(n / total) for n in counts.values())
 
 
+class TrainingStep(Protocol):
+    """What one optimizer step computes (see the module docstring)."""
+
+    def start(self, trainer: Trainer) -> None:
+        """Called once before the first step of a run (after a resume: `trainer.step` is where it goes on)."""
+
+    def backward(self, trainer: Trainer) -> dict[str, Any]:
+        """Leave the gradients of optimizer step `trainer.step` in `.grad`; return `loss` (the global batch's),
+        `tokens` (the global batch's), `bad_records` (records skipped, a list of dicts) and any metrics to log."""
+
+    def can_checkpoint(self, step: int) -> bool:
+        """Whether the state after `step` optimizer steps may be checkpointed (a resume restarts from it)."""
+
+
+class LanguageModelStep:
+    """Next-token loss on packed batches: `grad_accum` micro-batches per process (see the module docstring)."""
+
+    def __init__(self, data: BatchSource, num_workers: int = 0) -> None:
+        self.data, self.num_workers = data, num_workers
+        self.stream: Iterator[Any] | None = None
+
+    def start(self, trainer: Trainer) -> None:
+        cfg, acc = trainer.cfg, trainer.accelerator
+        world, rank = acc.num_processes, acc.process_index
+        indices = [(s * cfg.grad_accum + m) * world + rank for s in range(trainer.step, cfg.steps)
+                   for m in range(cfg.grad_accum)]
+        self.stream = batches(self.data, indices, self.num_workers)
+
+    def can_checkpoint(self, step: int) -> bool:
+        return True
+
+    def backward(self, trainer: Trainer) -> dict[str, Any]:
+        """Forward and backward of the step's micro-batches; the global batch's mean loss, token counts, and what the
+        data layer drew (documents per source, bad records skipped)."""
+        acc, grad_accum = trainer.accelerator, trainer.cfg.grad_accum
+        world = acc.num_processes
+        total, tokens, vision_tokens = 0.0, 0, 0
+        drawn: dict[str, Any] = {"documents": Counter(), "bad_records": []}
+        for micro in range(grad_accum):
+            batch = next(self.stream)
+            drawn["documents"].update(getattr(batch, "documents", {}))
+            drawn["bad_records"] += getattr(batch, "bad_records", [])
+            batch = batch.to(acc.device)
+            sync = nullcontext() if micro == grad_accum - 1 else acc.no_sync(trainer.model)
+            with sync, acc.autocast():
+                loss = trainer.model(**batch.model_inputs()).loss
+            acc.backward(loss / grad_accum)
+            total += loss.detach().float().item() / grad_accum
+            tokens += batch.num_tokens
+            vision_tokens += batch.num_vision_tokens
+        if world > 1:  # the global batch: mean loss, summed token counts, every rank's draws
+            stats = torch.tensor([total, tokens, vision_tokens], dtype=torch.float64, device=acc.device)
+            torch.distributed.all_reduce(stats)
+            total, tokens, vision_tokens = stats[0].item() / world, int(stats[1]), int(stats[2])
+            gathered: list[Any] = [None] * world
+            torch.distributed.all_gather_object(gathered, drawn)
+            drawn = {"documents": sum((Counter(g["documents"]) for g in gathered), Counter()),
+                     "bad_records": [r for g in gathered for r in g["bad_records"]]}
+        out = {"loss": total, "tokens": tokens, "vision_tokens": vision_tokens, "bad_records": drawn["bad_records"]}
+        if drawn["documents"]:
+            out["documents"] = dict(drawn["documents"])
+        return out
+
+
 class Trainer:
-    """Trains `model` on `data` (see the module docstring); `out_dir` receives `metrics.jsonl`, `data_errors.jsonl`
-    (one line per bad record skipped) and `state/`.
+    """Trains `model` (see the module docstring); `out_dir` receives `metrics.jsonl`, `data_errors.jsonl` (one line
+    per bad record skipped) and `state/`.
 
-    `fingerprint` (a JSON-able description of the data) is stored in every checkpoint; resuming with a different one
-    stops with `DataError` naming the differences unless `allow_data_change`. `num_workers` data-loader processes
-    build the batches ahead of the step."""
+    `data` is a `TrainingStep`, or a `BatchSource` of packed batches (a `LanguageModelStep` with `num_workers`
+    data-loader processes). `fingerprint` (a JSON-able description of the data) is stored in every checkpoint;
+    resuming with a different one stops with `DataError` naming the differences unless `allow_data_change`."""
 
-    def __init__(self, model: nn.Module, data: BatchSource, cfg: TrainConfig, out_dir: str | Path, *,
+    def __init__(self, model: nn.Module, data: BatchSource | TrainingStep, cfg: TrainConfig, out_dir: str | Path, *,
                  val_data: BatchSource | None = None, desc: str = "train", fingerprint: dict[str, Any] | None = None,
                  allow_data_change: bool = False, num_workers: int = 0) -> None:
-        from accelerate import Accelerator
+        from accelerate import Accelerator, DistributedDataParallelKwargs
 
-        self.cfg, self.data, self.val_data, self.desc = cfg, data, val_data, desc
-        self.fingerprint, self.allow_data_change, self.num_workers = fingerprint, allow_data_change, num_workers
+        self.cfg, self.val_data, self.desc = cfg, val_data, desc
+        self.training_step = data if hasattr(data, "backward") else LanguageModelStep(data, num_workers)
+        self.fingerprint, self.allow_data_change = fingerprint, allow_data_change
         self.out_dir = Path(out_dir)
         precision = cfg.precision
         if precision == "auto":
             precision = "bf16" if torch.cuda.is_available() else "no"
-        self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available())
+        # find_unused_parameters: a rank whose batch holds no image or video leaves the vision tower without gradients
+        self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
+                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
         self.optimizer = build_optimizer(model, cfg)
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
         self.raw_model = self.accelerator.unwrap_model(self.model)
         self.inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # unwrapped from accelerate
-        self.routers = {n: m for n, m in self.raw_model.named_modules() if isinstance(m, TopKRouter)}
-        for router in self.routers.values():  # non-persistent: uninitialised memory after from_pretrained
-            router.expert_load.zero_()
+        self.balancing = RouterBalancing(self.raw_model, self.inner_optimizer, cfg.router_bias_rate)
         self.state_dir = self.out_dir / "state"
         self.metrics_path = self.out_dir / "metrics.jsonl"
         self.errors_path = self.out_dir / DATA_ERRORS
@@ -188,13 +255,11 @@ class Trainer:
         last: dict[str, Any] = {}
         bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not (
             cfg.progress and self.accelerator.is_main_process), dynamic_ncols=True)
-        world, rank = self.accelerator.num_processes, self.accelerator.process_index
-        indices = [(s * cfg.grad_accum + m) * world + rank for s in range(self.step, cfg.steps)
-                   for m in range(cfg.grad_accum)]
-        stream = batches(self.data, indices, self.num_workers)
+        self.training_step.start(self)
         while self.step < cfg.steps:
             t0 = time.perf_counter()
-            loss, tokens, vision_tokens, drawn = self._forward_backward(stream)
+            out = self.training_step.backward(self)
+            loss, tokens, bad = out.pop("loss"), out.pop("tokens"), out.pop("bad_records", [])
             grad_norm = self._grad_norm()
             finite = math.isfinite(loss) and math.isfinite(grad_norm)
             lr = wsd_lr(self.step, cfg)
@@ -202,8 +267,8 @@ class Trainer:
                 self.nonfinite_in_a_row = 0
                 for group in self.optimizer.param_groups:
                     group["lr"] = lr
-                self.optimizer.step()
-                loads = self._update_router_biases()
+                self.optimizer.step()  # post-step hooks: the router-bias update
+                loads = self.balancing.last_loads
             else:
                 self._discard_step()
                 loads = {}
@@ -211,13 +276,11 @@ class Trainer:
             self.tokens += tokens
             self.step += 1
             last = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
-                    "vision_tokens": vision_tokens, "skipped": not finite, "skipped_total": self.skipped,
-                    "max_logits": self._max_logits(), "expert_load": loads,
-                    "step_time": time.perf_counter() - t0}
-            if drawn["documents"] or drawn["bad_records"]:
-                last["documents"] = dict(Counter(drawn["documents"]))
-                last["bad_records"] = dict(Counter(r["source"] for r in drawn["bad_records"]))
-                self._log_errors(drawn["bad_records"])
+                    "skipped": not finite, "skipped_total": self.skipped, "max_logits": self._max_logits(),
+                    "expert_load": loads, "step_time": time.perf_counter() - t0, **out}
+            if bad:
+                last["bad_records"] = dict(Counter(r["source"] for r in bad))
+                self._log_errors([{"step": self.step, **r} for r in bad])
             if self.val_data is not None and (
                     self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
                 last["val_loss"] = self.evaluate()
@@ -230,39 +293,11 @@ class Trainer:
                     f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
                     f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
                     f"resume from the last checkpoint in {self.state_dir}.")
-            if self.step % cfg.checkpoint_every == 0 or self.step == cfg.steps:
+            if (self.step % cfg.checkpoint_every == 0 and self.training_step.can_checkpoint(self.step)) or \
+                    self.step == cfg.steps:
                 self.save_state()
         bar.close()
         return last
-
-    def _forward_backward(self, stream: Iterator[Any]) -> tuple[float, int, int, dict[str, Any]]:
-        """One step's micro-batches: forward, backward; returns the global batch's mean loss, token counts and what
-        the data layer drew (documents per source, bad records skipped)."""
-        cfg, acc = self.cfg, self.accelerator
-        world = acc.num_processes
-        total, tokens, vision_tokens = 0.0, 0, 0
-        drawn: dict[str, Any] = {"documents": Counter(), "bad_records": []}
-        for micro in range(cfg.grad_accum):
-            batch = next(stream)
-            drawn["documents"].update(getattr(batch, "documents", {}))
-            drawn["bad_records"] += [{"step": self.step + 1, **r} for r in getattr(batch, "bad_records", [])]
-            batch = batch.to(acc.device)
-            sync = nullcontext() if micro == cfg.grad_accum - 1 else acc.no_sync(self.model)
-            with sync, acc.autocast():
-                loss = self.model(**batch.model_inputs()).loss
-            acc.backward(loss / cfg.grad_accum)
-            total += loss.detach().float().item() / cfg.grad_accum
-            tokens += batch.num_tokens
-            vision_tokens += batch.num_vision_tokens
-        if world > 1:  # log the global batch: mean loss, summed token counts, every rank's draws
-            stats = torch.tensor([total, tokens, vision_tokens], dtype=torch.float64, device=acc.device)
-            torch.distributed.all_reduce(stats)
-            total, tokens, vision_tokens = stats[0].item() / world, int(stats[1]), int(stats[2])
-            gathered: list[Any] = [None] * world
-            torch.distributed.all_gather_object(gathered, drawn)
-            drawn = {"documents": sum((Counter(g["documents"]) for g in gathered), Counter()),
-                     "bad_records": [r for g in gathered for r in g["bad_records"]]}
-        return total, tokens, vision_tokens, drawn
 
     def _grad_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -279,19 +314,7 @@ class Trainer:
         for module in self.raw_model.modules():
             if getattr(module, "record_max_logits", False):
                 module.max_logits = None
-        for router in self.routers.values():
-            router.expert_load.zero_()
-
-    def _update_router_biases(self) -> dict[str, float]:
-        """Aux-loss-free balancing from this step's loads (summed over ranks); returns max/mean load per layer."""
-        out = {}
-        for name, router in self.routers.items():
-            if self.accelerator.num_processes > 1:
-                torch.distributed.all_reduce(router.expert_load)
-            load = router.update_router_bias(self.cfg.router_bias_rate)
-            if load.sum() > 0:
-                out[name] = float(load.max() / load.mean())
-        return out
+        self.balancing.reset()
 
     def _max_logits(self) -> dict[str, float]:
         maxima = getattr(self.inner_optimizer, "last_max_logits", {})
@@ -306,8 +329,7 @@ class Trainer:
             batch = self.val_data.batch(i).to(self.accelerator.device)
             with self.accelerator.autocast():
                 losses.append(float(self.model(**batch.model_inputs()).loss))
-        for router in self.routers.values():
-            router.expert_load.zero_()
+        self.balancing.reset()
         if isinstance(self.inner_optimizer, MuonClip):  # validation forwards must not feed the next QK-Clip
             self.inner_optimizer.reset_max_logits()
         self.model.train()

@@ -17,19 +17,16 @@ from kimi_vl.fusion import DOC_EOS, IM_END, build_tokenizer, render_chat
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training.rl import (
     RLConfig,
-    Rollouts,
     clip_mask,
     group_advantages,
     group_token_weights,
     grpo_loss,
     k25_loss,
-    policy_logprobs,
     rl_iteration,
     rl_step,
-    rollout,
     sequence_token_weights,
-    token_logprobs,
 )
+from kimi_vl.training.rollout import Rollouts, policy_logprobs, rollout, token_logprobs
 from tests.test_export import tiny_model, tiny_processor
 
 
@@ -299,9 +296,14 @@ def test_rollout_text_shapes_masks_and_old_logprobs(tok):
     state = torch.get_rng_state()
     again = rollout(model, tok, samples, k=4, max_new_tokens=5, temperature=1.3, seed=1, micro_batch_size=5)
     assert torch.equal(again.response_ids, ro.response_ids) and torch.equal(torch.get_rng_state(), state)
-    # generation in several calls (whole groups each) gives rollouts of the same form
-    split = rollout(model, tok, samples, k=4, max_new_tokens=5, seed=2, generation_batch_size=8)
-    assert split.num_sequences == N and split.response_mask[:, 0].all()
+    # a row's response depends on its seed, its prompt's global index and the model only: not on the generation
+    # batches, nor on which other prompts (another rank's share) are generated with it
+    split = rollout(model, tok, samples, k=4, max_new_tokens=5, temperature=1.3, seed=1, generation_batch_size=8)
+    assert torch.equal(split.response_ids, ro.response_ids)
+    share = rollout(model, tok, samples[2:], k=4, max_new_tokens=5, temperature=1.3, seed=1, prompt_indices=[2, 3])
+    assert share.texts == ro.texts[8:]
+    other = rollout(model, tok, samples, k=4, max_new_tokens=5, temperature=1.3, seed=2)
+    assert not torch.equal(other.response_ids, ro.response_ids)
 
 
 @torch.no_grad()
@@ -393,7 +395,7 @@ def test_rollout_with_world_samples():
 def _flat_grad_step(model, ro, rewards, cfg):
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     before = [p.detach().clone() for p in model.parameters()]
-    rl_step(model, opt, ro, rewards, cfg)
+    rl_step(model, opt, ro, rewards, cfg, max_grad_norm=None)
     return torch.cat([(b - p.detach()).flatten() for b, p in zip(before, model.parameters())])
 
 
@@ -401,13 +403,12 @@ def test_micro_batches_accumulate_to_the_full_batch_gradient(tok):
     model = text_model(tok)
     ro = rollout(model, tok, _prompts(3), k=4, max_new_tokens=4, seed=0, micro_batch_size=12)
     rewards = torch.rand(3, 4, generator=torch.Generator().manual_seed(0))
-    cfg = RLConfig(k=4, micro_batch_size=12, max_grad_norm=None)
+    cfg = RLConfig(k=4, micro_batch_size=12)
     full = _flat_grad_step(copy.deepcopy(model), ro, rewards, cfg)
     ro_small = copy.copy(ro)
     ro_small.micro_batch_size = 5
     ro_small.old_logp = policy_logprobs(model, ro_small, 5)
-    small = _flat_grad_step(copy.deepcopy(model), ro_small, rewards, RLConfig(k=4, micro_batch_size=5,
-                                                                               max_grad_norm=None))
+    small = _flat_grad_step(copy.deepcopy(model), ro_small, rewards, RLConfig(k=4, micro_batch_size=5))
     assert full.abs().max() > 0
     torch.testing.assert_close(small, full, rtol=1e-4, atol=1e-6)
 

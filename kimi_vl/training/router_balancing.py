@@ -1,0 +1,48 @@
+"""Aux-loss-free MoE balancing as a hook of the optimizer step.
+
+Every `TopKRouter` counts the tokens it routes to each expert in training forwards (`expert_load`). After each
+optimizer step, `RouterBalancing` sums the counts over data-parallel ranks, moves each router's
+`e_score_correction_bias` by `rate * sign(mean load - load)` and zeroes the counts; a step that is discarded (a
+non-finite loss) or forwards that are not training (validation) call `reset` instead. Installed with
+`RouterBalancing(model, optimizer, rate)`, which registers the update as the optimizer's step post-hook.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..text.moe import TopKRouter
+
+
+class RouterBalancing:
+    """The router-bias update of `model`'s MoE layers after every `optimizer.step()` (see the module docstring).
+
+    `last_loads` holds, per router, max load / mean load of the last update (1.0 is perfectly balanced)."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, rate: float) -> None:
+        self.routers = {n: m for n, m in model.named_modules() if isinstance(m, TopKRouter)}
+        self.rate = rate
+        self.last_loads: dict[str, float] = {}
+        self.reset()  # non-persistent counters: uninitialised memory after from_pretrained
+        self.handle = optimizer.register_step_post_hook(self._after_step)
+
+    def reset(self) -> None:
+        """Forget the loads counted since the last update."""
+        for router in self.routers.values():
+            router.expert_load.zero_()
+
+    def _after_step(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        distributed = torch.distributed.is_available() and torch.distributed.is_initialized()
+        self.last_loads = {}
+        for name, router in self.routers.items():
+            if distributed and torch.distributed.get_world_size() > 1:
+                torch.distributed.all_reduce(router.expert_load)
+            load = router.update_router_bias(self.rate)
+            if load.sum() > 0:
+                self.last_loads[name] = float(load.max() / load.mean())
+
+
+__all__ = ["RouterBalancing"]

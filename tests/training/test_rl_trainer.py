@@ -1,0 +1,108 @@
+"""RL on the one training loop (`Trainer` + `RLStep`): two gloo processes equal one on the same global batch, SIGKILL
+and rerun reproduces the uninterrupted run exactly, bf16 autocast on CPU, off-policy updates, and the RL stage's
+checkpoints taken only at rollout-batch boundaries."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from kimi_vl.training.presets import get_preset
+from kimi_vl.training.stages import build_model, build_processor, load_checkpoint_dir, read_summary, rl
+from kimi_vl.training.trainer import read_metrics
+
+ROOT = Path(__file__).resolve().parents[2]
+RL_ARGS = ["--prompts-per-step", "4", "--k", "2", "--max-new-tokens", "6", "--no-progress"]
+STABLE = ("loss", "reward_mean", "masked_fraction", "log_ratio_abs_mean", "grad_norm", "tokens", "rollout")
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    """An untrained `tiny` model with its processor, saved as a stage would (RL needs no trained model to be
+    compared with itself)."""
+    out = tmp_path_factory.mktemp("rl") / "start"
+    preset = get_preset("tiny")
+    processor = build_processor(preset.data["pretrain"])
+    torch.manual_seed(0)
+    model = build_model(preset, processor)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def _command(start: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "kimi_vl.cli", "train", "rl", "--from", str(start), "--out", str(out),
+            *RL_ARGS, *extra]
+
+
+def _env() -> dict:
+    return {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+
+
+def _stable(out: Path) -> list[dict]:
+    return [{k: m.get(k) for k in (*STABLE, "step")} for m in read_metrics(out / "metrics.jsonl")]
+
+
+def _assert_same_weights(a_dir: Path, b_dir: Path, atol: float) -> None:
+    a, _ = load_checkpoint_dir(a_dir)
+    b, _ = load_checkpoint_dir(b_dir)
+    for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(x, y, rtol=0, atol=atol, msg=name)
+
+
+def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
+    """`torchrun --nproc_per_node 2` (gloo; each rank rolls out half of the 4 prompts) against one process: the same
+    responses and rewards (seeded per prompt, not per process), losses and updated weights to 1e-5."""
+    one, two = tmp_path / "one", tmp_path / "two"
+    subprocess.run(_command(checkpoint, one, "--steps", "2"), check=True, env=_env(), capture_output=True)
+    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                    str(29_600 + os.getpid() % 1000), *_command(checkpoint, two, "--steps", "2")[1:]],
+                   check=True, env=_env(), capture_output=True)
+    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2]
+    for x, y in zip(a, b):
+        assert x["reward_mean"] == y["reward_mean"] and x["tokens"] == y["tokens"]
+        assert x["response_length"] == y["response_length"]
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-5, abs=1e-7)
+    _assert_same_weights(one, two, atol=1e-5)
+
+
+def test_sigkill_then_rerun_reproduces_the_uninterrupted_run(checkpoint, tmp_path):
+    reference, killed = tmp_path / "reference", tmp_path / "killed"
+    args = ("--steps", "4", "--checkpoint-every", "1")
+    subprocess.run(_command(checkpoint, reference, *args), check=True, env=_env(), capture_output=True)
+    proc = subprocess.Popen(_command(checkpoint, killed, *args), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (killed / "state" / "step_00000002").is_dir() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (killed / "training_summary.json").exists()
+    subprocess.run(_command(checkpoint, killed, *args), check=True, env=_env(), capture_output=True)
+    assert _stable(killed) == _stable(reference)
+    _assert_same_weights(killed, reference, atol=0)
+
+
+def test_off_policy_updates_bf16_autocast_and_checkpoint_boundaries(checkpoint, tmp_path):
+    """Two updates per rollout batch: the second sees a log-ratio (the K2.5 mask and penalty act) and reuses the
+    batch; checkpoints fall only on rollout-batch boundaries; the whole step runs under bf16 autocast on CPU."""
+    out = rl(checkpoint, tmp_path / "rl", steps=3, updates_per_batch=2, checkpoint_every=1, precision="bf16",
+             prompts_per_step=2, k=2, max_new_tokens=4, progress=False)
+    metrics = read_metrics(out / "metrics.jsonl")
+    assert [m["rollout"] for m in metrics] == [0, 0, 1]
+    assert metrics[0]["log_ratio_abs_mean"] < metrics[1]["log_ratio_abs_mean"]
+    assert "entropy" in metrics[0] and "entropy" not in metrics[1] and "entropy" in metrics[2]
+    assert metrics[0]["reward_mean"] == metrics[1]["reward_mean"]
+    assert all(m["loss"] == m["loss"] for m in metrics)  # finite under bf16
+    steps = sorted(p.name for p in (out / "state").iterdir())
+    assert steps == ["step_00000002", "step_00000003"]  # step 1 is mid-batch; the last step is always saved
+    summary = read_summary(out)
+    assert summary["updates_per_batch"] == 2 and summary["steps"] == 3
+    assert json.loads((out / "run_config.json").read_text())["train"]["precision"] == "bf16"
