@@ -22,6 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .export import add_remote_code
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
 
@@ -128,13 +129,14 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
 
 
 def export_final(out: Path, source: Path) -> Path:
-    """Copy the final checkpoint's Hugging Face files (not its training state) to `out/model`."""
+    """Copy the final checkpoint's Hugging Face files (not its training state) to `out/model`, self-contained
+    (remote code and `auto_map`, as every stage writes them)."""
     final = out / "model"
     final.mkdir(parents=True, exist_ok=True)
     for name in CHECKPOINT_FILES:
         if (source / name).is_file():
             shutil.copy2(source / name, final / name)
-    return final
+    return add_remote_code(final)
 
 
 def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", data_dir: str | Path | None = None,

@@ -1,5 +1,6 @@
-"""Training stages as functions. Each writes a Hugging Face checkpoint directory (`config.json`,
-`model.safetensors`, processor and tokenizer files: `from_pretrained` loads it) plus `run_config.json` (the resolved
+"""Training stages as functions. Each writes a self-contained Hugging Face checkpoint directory (`config.json`,
+`model.safetensors`, processor and tokenizer files, and the remote code: `from_pretrained` loads it after `import
+kimi_vl`, or with `trust_remote_code=True` where kimi_vl is not installed) plus `run_config.json` (the resolved
 configuration), `metrics.jsonl`, `data_errors.jsonl` (bad records skipped), `plots/`, `state/` (resumable training
 state) and `training_summary.json`. Rerunning a stage resumes it from its last checkpoint; a finished stage (its
 summary says `complete`) is not rerun.
@@ -31,6 +32,7 @@ from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompt
 from ..data.corpus import tokenizer_texts
 from ..data.world import TEXT_TASKS, VISION_TASKS, make_samples
 from ..errors import CheckpointError, ConfigError
+from ..export import add_remote_code
 from ..fusion import build_tokenizer
 from ..fusion.tokenizer import SPECIAL_TOKENS
 from ..modeling import KimiVLForConditionalGeneration
@@ -116,8 +118,11 @@ def _preset_of(from_dir: str | Path, preset: str | None) -> str:
 
 
 def _finish(stage: str, model: Any, processor: KimiVLProcessor, out_dir: Path, summary: dict[str, Any]) -> Path:
+    """Save the stage's checkpoint directory, self-contained (remote code and `auto_map`: any Hugging Face client
+    loads it with `trust_remote_code=True`, without kimi_vl installed), and its summary."""
     model.save_pretrained(out_dir)
     processor.save_pretrained(out_dir)
+    add_remote_code(out_dir)
     (out_dir / SUMMARY).write_text(json.dumps({"stage": stage, **summary, "complete": True}, indent=1))
     return out_dir
 

@@ -94,3 +94,19 @@ def test_cli_train_rl(pretrained, tmp_path, capsys):
     summary = json.loads((tmp_path / "rl" / "training_summary.json").read_text())
     assert summary["tasks"] == ["text"] and summary["steps"] == 1
     assert main(["train", "rl", "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_stage_outputs_load_without_kimi_vl(pretrained, tmp_path):
+    """A stage's output folder carries the remote code: a process in which kimi_vl cannot be imported loads it with
+    `trust_remote_code=True` and computes the same logits and generation as kimi_vl does."""
+    from tests.test_export import assert_same, reference_outputs, run_script, write_media
+
+    png, mp4 = write_media(tmp_path)
+    model, proc = load_checkpoint_dir(pretrained)
+    body = """
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+    model = AutoModelForImageTextToText.from_pretrained(MODEL, trust_remote_code=True).eval()
+    proc = AutoProcessor.from_pretrained(MODEL, trust_remote_code=True)
+    """
+    got = run_script(body, tmp_path, block_kimi_vl=True, MODEL=pretrained, PNG=png, MP4=mp4)
+    assert_same(got, reference_outputs({"model": model.eval(), "proc": proc, "png": png, "mp4": mp4}))
