@@ -9,15 +9,16 @@ import torch.optim._muon as torch_muon
 from timm.layers import apply_rot_embed
 from torch import nn
 
+import kimi_vl.kernels.attention as attention_mod
 import kimi_vl.training.muonclip as muonclip_mod
-import kimi_vl.vision.moonvit as moonvit_mod
 from kimi_vl.errors import ConfigError
+from kimi_vl.kernels import packed_max_logits
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.text.mla import MultiHeadLatentAttention
 from kimi_vl.text.moe import Experts
 from kimi_vl.training import MuonClip, zeropower_via_newtonschulz
 from kimi_vl.vision import MoonViTConfig
-from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout, packed_max_logits
+from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout
 from tests.test_modeling import IMG, image, sample, tiny_vl
 from tests.text.test_model import tiny_config, tiny_model
 
@@ -300,14 +301,12 @@ def test_recorded_max_logits_equal_explicit_masked_scores():
 
 
 def test_recording_in_query_blocks(monkeypatch):
-    import kimi_vl.text.mla as mla_mod
-
     mla = _mla()
     mla.record_max_logits = True
     x = torch.randn(2, 20, 32)
     mla(x)
     whole = mla.max_logits
-    monkeypatch.setattr(mla_mod, "MAX_LOGIT_BLOCK_ELEMENTS", 2 * 4 * 20 * 3)  # 3 query rows per block
+    monkeypatch.setattr(attention_mod, "MAX_LOGIT_BLOCK_ELEMENTS", 4 * 20 * 3)  # 3 query rows of one sample
     mla.max_logits = None
     mla(x)
     torch.testing.assert_close(mla.max_logits, whole, rtol=1e-6, atol=1e-6)
@@ -365,7 +364,7 @@ def test_every_non_matrix_and_every_pseudo_query_goes_to_adamw():
     for name, p in model.named_parameters():
         if p.ndim != 2 and not name.endswith(("experts.w1", "experts.w2", "experts.w3")):
             assert routes[name] == "adamw" and id(p) not in muon, name
-        if getattr(p, "_kimi_optim", None) == "adamw" or name.startswith("model.residual."):
+        if name.startswith("model.residual."):
             assert routes[name] == "adamw" and id(p) not in muon, name
     assert any(name.startswith("model.residual.") for name in routes)
 
@@ -413,7 +412,7 @@ def _vit_max(attn, x, cu, rope):
 @pytest.mark.parametrize("block", [None, 4 * 8 * 3, 4 * 4 * 4 * 2, 1])
 def test_packed_max_logits_equal_explicit_block_diagonal_scores(monkeypatch, block):
     if block is not None:  # row blocks inside a segment, several segments per block, one score per block
-        monkeypatch.setattr(moonvit_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(attention_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
     q, k = torch.randn(2, 28, 4, 8).unbind(0)
     cu = torch.tensor([0, 4, 4, 8, 16, 24, 28], dtype=torch.int32)  # one empty segment
     want = (torch.einsum("ihd,jhd->hij", q, k) * 0.3).masked_fill(~_same_segment(cu), float("-inf"))
