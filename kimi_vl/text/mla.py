@@ -162,8 +162,9 @@ class MultiHeadLatentAttention(MaxLogitRecorder, nn.Module):
         same masks as its SDPA calls (`cu_seqlens`: causal per packed sequence; no mask: causal top-left when
         T > 1; else `attn_mask`), computed blockwise (`kimi_vl.kernels.max_logits`)."""
         if cu_seqlens is not None:
-            self.fold_max_logits(packed_max_logits(q[0].transpose(0, 1), k[0].transpose(0, 1), cu_seqlens,
-                                                   self.scale, causal=True))
+            for b in range(q.shape[0]):  # the same packing in every row (KimiTextModel packs into one row)
+                self.fold_max_logits(packed_max_logits(q[b].transpose(0, 1), k[b].transpose(0, 1), cu_seqlens,
+                                                       self.scale, causal=True))
         else:
             self.fold_max_logits(max_logits(q, k, self.scale, causal=attn_mask is None and q.shape[2] > 1,
                                             mask=attn_mask))

@@ -349,6 +349,18 @@ def test_recorded_max_logits_equal_explicit_masked_scores():
     assert (mla.max_logits >= first).all()
 
 
+def test_recorded_max_logits_of_packed_rows_cover_every_row():
+    mla = _mla()
+    mla.record_max_logits = True
+    x = torch.randn(2, 12, 32)
+    x[1] *= 3  # the second row holds the larger logits
+    mla(x, cu_seqlens=torch.tensor([0, 5, 12]))
+    seg = (torch.arange(12) >= 5).long()
+    packed = torch.ones(12, 12, dtype=torch.bool).tril() & (seg[:, None] == seg[None, :])
+    want = _scores(mla, x).masked_fill(~packed, float("-inf")).amax(dim=(0, 2, 3))
+    torch.testing.assert_close(mla.max_logits, want, rtol=1e-5, atol=1e-5)
+
+
 def test_recording_in_query_blocks(monkeypatch):
     mla = _mla()
     mla.record_max_logits = True
