@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from kimi_vl.optim_contract import ADAMW
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import MuonClip
 from kimi_vl.vision import MoonViTConfig
@@ -67,6 +68,8 @@ class MLARetriever(nn.Module):
 class MHARetriever(nn.Module):
     """Token embedding + MoonViT blocks over each sample as its own packed segment + a head on the query token."""
 
+    optimizer_routes = {"lm_head": ADAMW}  # the head goes to AdamW, like an LM head
+
     def __init__(self, hidden: int, layers: int, heads: int) -> None:
         super().__init__()
         cfg = MoonViTConfig(hidden_size=hidden, num_attention_heads=heads, num_hidden_layers=layers,
@@ -75,7 +78,7 @@ class MHARetriever(nn.Module):
         self.blocks = nn.ModuleList(MoonViTBlock(cfg) for _ in range(layers))
         self.rotary = MoonViTRotaryEmbedding(cfg)
         self.norm = nn.LayerNorm(hidden)
-        self.lm_head = nn.Linear(hidden, VOCAB, bias=False)  # the name routes it to AdamW, like an LM head
+        self.lm_head = nn.Linear(hidden, VOCAB, bias=False)
 
     def forward(self, ids: torch.Tensor, answers: torch.Tensor) -> torch.Tensor:
         B, T = ids.shape

@@ -18,8 +18,8 @@ Two computations give the same result: `direct` (stack the sources, softmax, wei
 tests) and the default two-phase path (per block, one batched attention of all its sublayers' queries over the
 completed blocks, then an online-softmax merge with the running partial sum).
 
-All AttnRes parameters are 1-D (queries and key-norm gains) and carry `_kimi_optim = "adamw"`; they must never
-be orthogonalised by Muon.
+All AttnRes parameters are 1-D (queries and key-norm gains) and `AttnResidual` declares them `ADAMW`
+(`kimi_vl.optim_contract`): they must never be orthogonalised by Muon.
 """
 
 from __future__ import annotations
@@ -29,13 +29,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-ADAMW_TAG = "_kimi_optim"
-
-
-def _adamw_param(t: torch.Tensor) -> nn.Parameter:
-    p = nn.Parameter(t)
-    setattr(p, ADAMW_TAG, "adamw")
-    return p
+from ..optim_contract import ADAMW
 
 
 @dataclass
@@ -56,16 +50,18 @@ class AttnResidual(nn.Module):
     `write(state, l, out) -> state`, `end(state) -> [B, T, d]` (before the final norm).
     """
 
+    optimizer_routes = {"queries": ADAMW, "key_norms": ADAMW, "final_query": ADAMW, "final_key_norm": ADAMW}
+
     def __init__(self, hidden_size: int, num_sublayers: int, block_size: int, eps: float = 1e-5) -> None:
         super().__init__()
         self.num_sublayers = num_sublayers
         self.block_size = block_size
         self.eps = eps
         # Sublayer 0 reads the embedding alone (one source, nothing to weigh): queries start at sublayer 1.
-        self.queries = nn.ParameterList(_adamw_param(torch.zeros(hidden_size)) for _ in range(num_sublayers - 1))
-        self.key_norms = nn.ParameterList(_adamw_param(torch.ones(hidden_size)) for _ in range(num_sublayers - 1))
-        self.final_query = _adamw_param(torch.zeros(hidden_size))
-        self.final_key_norm = _adamw_param(torch.ones(hidden_size))
+        self.queries = nn.ParameterList(nn.Parameter(torch.zeros(hidden_size)) for _ in range(num_sublayers - 1))
+        self.key_norms = nn.ParameterList(nn.Parameter(torch.ones(hidden_size)) for _ in range(num_sublayers - 1))
+        self.final_query = nn.Parameter(torch.zeros(hidden_size))
+        self.final_key_norm = nn.Parameter(torch.ones(hidden_size))
         self.two_phase = True
 
     def extra_repr(self) -> str:

@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..errors import ShapeError
+from ..kernels import max_logits, packed_max_logits
+from ..optim_contract import MaxLogitRecorder
 from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
 from .norm import RMSNorm
@@ -24,22 +26,20 @@ from .rope import apply_rotary, softmax_scale_multiplier
 
 # With a cache, at most this many new tokens take the absorbed (latent-space) path.
 ABSORB_MAX_TOKENS = 16
-# Max-logit recording computes scores in query blocks of at most this many elements (B * h * rows * L).
-MAX_LOGIT_BLOCK_ELEMENTS = 1 << 24
 
 Rotation = tuple[torch.Tensor, torch.Tensor]
 
 
-class MultiHeadLatentAttention(nn.Module):
+class MultiHeadLatentAttention(MaxLogitRecorder, nn.Module):
     """Shapes: `x [B, T, hidden] -> [B, T, hidden]`; attention over `[c ; k_pe]` of all cached + new tokens.
 
-    With `record_max_logits = True` (set by `kimi_vl.training.MuonClip` for QK-Clip), every forward folds the
-    per-head max pre-softmax logit `max q.k * scale` over the pairs it actually attends (masked pairs never count)
-    into `max_logits` (`[num_heads]`, fp32, `torch.maximum` across forwards until reset to None).
+    A QK-Clip target (`kimi_vl.optim_contract.QKClipTarget`): with `record_max_logits = True` (set by the
+    optimizer), every forward folds the per-head max pre-softmax logit `max q.k * scale` over the pairs it actually
+    attends (masked pairs never count) into `max_logits` (`[num_heads]`, fp32, element-wise max across forwards
+    until reset to None); `qk_clip_row_scales` gives the K2 MLA rule.
     """
 
-    record_max_logits: bool = False
-    max_logits: torch.Tensor | None = None
+    qk_clip_group = "text"
 
     def __init__(self, config: KimiTextConfig, layer_idx: int) -> None:
         super().__init__()
@@ -65,8 +65,6 @@ class MultiHeadLatentAttention(nn.Module):
         self.kv_a_layernorm = RMSNorm(self.rank, eps=config.mla_kv_norm_eps)
         self.kv_b_proj = nn.Linear(self.rank, h * (self.nope_dim + self.v_dim), bias=False)
         self.o_proj = nn.Linear(h * self.v_dim, hidden, bias=bias)
-        self.record_max_logits = False
-        self.max_logits = None
 
     def queries(self, x: torch.Tensor, rope: Rotation | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """`x [B, T, hidden]` -> `q_nope [B, h, T, nope]`, `q_pe [B, h, T, rope]` (rotated by `rope` = cos, sin
@@ -153,39 +151,34 @@ class MultiHeadLatentAttention(nn.Module):
         if attn_mask is not None:  # None only for a single new token, which sees the whole cache
             scores = scores.masked_fill(~attn_mask, float("-inf"))
         if self.record_max_logits:
-            self._accumulate_max_logits(scores.detach().float().amax(dim=(0, 2, 3)))
+            self.fold_max_logits(scores.detach().float().amax(dim=(0, 2, 3)))
         p = scores.softmax(-1, dtype=torch.float32).to(latent.dtype)
         o_lat = (p.view(B, h * T, -1) @ latent[..., : self.rank]).view(B, h, T, self.rank)
         return torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)
 
-
-    def _accumulate_max_logits(self, m: torch.Tensor) -> None:
-        self.max_logits = m if self.max_logits is None else torch.maximum(self.max_logits, m)
-
     @torch.no_grad()
     def _record_expanded(self, q, k, attn_mask, cu_seqlens) -> None:
-        """Per-head max of `q.k * scale` (fp32) over the pairs the expanded path attends, the same masks as its
-        SDPA calls (`cu_seqlens`: causal per packed sequence; no mask: causal top-left when T > 1; else
-        `attn_mask`), in blocks of query rows so that memory stays bounded."""
-        q, k = q.detach().float(), k.detach().float()
+        """Fold the per-head max of `q.k * scale` over the pairs the expanded path attends into `max_logits`: the
+        same masks as its SDPA calls (`cu_seqlens`: causal per packed sequence; no mask: causal top-left when
+        T > 1; else `attn_mask`), computed blockwise (`kimi_vl.kernels.max_logits`)."""
         if cu_seqlens is not None:
-            bounds = cu_seqlens.tolist()
-            spans = [(s, e, s, e, None) for s, e in zip(bounds[:-1], bounds[1:]) if e > s]
+            for b in range(q.shape[0]):  # the same packing in every row (KimiTextModel packs into one row)
+                self.fold_max_logits(packed_max_logits(q[b].transpose(0, 1), k[b].transpose(0, 1), cu_seqlens,
+                                                       self.scale, causal=True))
         else:
-            spans = [(0, q.shape[2], 0, k.shape[2], attn_mask)]
-        out = torch.full((q.shape[1],), float("-inf"), device=q.device)
-        for qs, qe, ks, ke, mask in spans:
-            B, h, T, L = q.shape[0], q.shape[1], qe - qs, ke - ks
-            causal = mask is None and T > 1
-            rows = max(1, MAX_LOGIT_BLOCK_ELEMENTS // max(1, B * h * L))
-            kt = k[:, :, ks:ke].transpose(-1, -2)
-            for r0 in range(0, T, rows):
-                r1 = min(T, r0 + rows)
-                scores = (q[:, :, qs + r0 : qs + r1] @ kt) * self.scale
-                if causal:
-                    allowed = torch.ones(r1 - r0, L, dtype=torch.bool, device=q.device).tril(r0)
-                    scores = scores.masked_fill(~allowed, float("-inf"))
-                elif mask is not None:
-                    scores = scores.masked_fill(~mask[..., r0:r1, :], float("-inf"))
-                out = torch.maximum(out, scores.amax(dim=(0, 2, 3)))
-        self._accumulate_max_logits(out)
+            self.fold_max_logits(max_logits(q, k, self.scale, causal=attn_mask is None and q.shape[2] > 1,
+                                            mask=attn_mask))
+
+    def qk_clip_row_scales(self, gamma: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """QK-Clip's MLA rule for `gamma` `[num_heads]`: head h's q_nope and k_nope rows (`kv_b_proj`) by
+        sqrt(gamma[h]), its q_pe rows by gamma[h] (`q_proj`, or `q_b_proj` with a low-rank query). The shared
+        rotary key (`kv_a_proj_with_mqa`), the values, `o_proj` and the down-projections are never touched, so
+        every logit of head h scales by exactly gamma[h] (also in `"mla_rope"` layers: rotation is linear per
+        token) and no other head changes. Returns `(weight, row_scale)` pairs, fp32 CPU row scales."""
+        h, nope, rope, v = self.num_heads, self.nope_dim, self.rope_dim, self.v_dim
+        g = gamma.detach().to(device="cpu", dtype=torch.float32)
+        root = g.sqrt()
+        q_rows = torch.cat([root[:, None].expand(h, nope), g[:, None].expand(h, rope)], dim=1).reshape(-1)
+        kv_rows = torch.cat([root[:, None].expand(h, nope), torch.ones(h, v)], dim=1).reshape(-1)
+        q_weight = self.q_proj.weight if self.q_lora_rank is None else self.q_b_proj.weight
+        return [(q_weight, q_rows), (self.kv_b_proj.weight, kv_rows)]

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..optim_contract import MUON_BATCHED
 from .configuration import KimiTextConfig
 
 
@@ -80,8 +81,11 @@ class Experts(nn.Module):
     """`E` SwiGLU experts stored stacked: `w1` (gate) and `w3` (up) `[E, I, hidden]`, `w2` (down) `[E, hidden, I]`.
 
     Computed batched: the (token, slot) pairs are sorted by expert and each expert runs one matmul over all its
-    tokens (a loop over experts, never over tokens).
+    tokens (a loop over experts, never over tokens). For the optimizer each stacked weight is `MUON_BATCHED`: every
+    expert's `[out, in]` slice is its own Muon matrix.
     """
+
+    optimizer_routes = {"w1": MUON_BATCHED, "w2": MUON_BATCHED, "w3": MUON_BATCHED}
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()

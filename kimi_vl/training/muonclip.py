@@ -12,34 +12,30 @@ The EMA momentum is `(1 - mu)` times Moonlight's summed momentum; NS normalises 
 same (up to NS's eps). Stacked expert weights `[E, out, in]` are orthogonalised per expert (batched NS, each
 `[out, in]` slice its own matrix, lr scaled by its own `max(out, in)`).
 
-Routing (`MuonClip.routing()` lists it):
-- AdamW: parameters tagged `_kimi_optim == "adamw"` (AttnRes), `nn.Embedding` weights (`embed_tokens`), the output
-  embedding (`lm_head`; a tied one is the embedding itself and is routed once), every norm (modules whose class name
-  contains "Norm"), biases, conv weights, every parameter with `ndim < 2` or `ndim > 2` other than stacked expert
-  weights (KDA's `A_log`, `dt_bias`, MoonViT's position table).
-- Muon: every other 2-D matrix, including the MoE router `gate.weight` `[E, hidden]` (Moonlight's rule: every
-  hidden matrix except embeddings and the head goes to Muon; the router is a hidden linear map, not a gain), and each
-  expert slice of `Experts.w1/w2/w3`.
+Routing (`MuonClip.routing()` lists it) follows the modules' declarations (`kimi_vl.optim_contract`): a module's
+`optimizer_routes` labels its parameters `MUON` (a 2-D matrix), `MUON_BATCHED` (a stack of matrices, each its own
+Muon matrix: `Experts.w1/w2/w3`) or `ADAMW` (AttnRes queries and gains); undeclared parameters go to AdamW when
+they are embeddings (`nn.Embedding`, output embeddings from `get_output_embeddings()`; a tied one is routed once) or
+not 2-D matrices (norm gains, biases, conv filters, KDA's `A_log` and `dt_bias`, MoonViT's position table), and to
+Muon otherwise, including the MoE router `gate.weight` `[E, hidden]` (Moonlight's rule: every hidden matrix except
+embeddings and the head goes to Muon; the router is a hidden linear map, not a gain). The optimizer knows no model
+class: a new parameter kind declares its route.
 
-QK-Clip (Kimi K2): the optimizer switches on `record_max_logits` of every `MultiHeadLatentAttention` and, with
-`qk_clip_vision=True` (default), every `MoonViTAttention`; each forward folds its per-head max pre-softmax logit
-(scale included, masked pairs and cross-segment pairs never count) into the module's `max_logits`, so the maxima
-accumulate over every forward since the previous step (gradient-accumulation micro-batches). After the update,
-`qk_clip()` gathers all modules' maxima into one flat vector, all-reduces it with MAX when torch.distributed is
-initialised (one collective for the whole model, so every rank computes the same gamma and clips identically; a
-module that did not run on some rank contributes -inf there), and for each head with `S_h > tau` sets
-`gamma_h = tau / S_h`:
-- MLA: head h's q_nope rows and k_nope rows (in `kv_b_proj`) are scaled by `sqrt(gamma_h)` and its q_pe rows by
-  `gamma_h` (`q_proj`, or `q_b_proj` with a low-rank query). The shared rotary key in `kv_a_proj_with_mqa`, the
-  values, `o_proj` and the down-projections are never touched, so every logit of head h is scaled by exactly
-  `gamma_h` and other heads are unchanged.
-- MHA (MoonViT's fused `qkv`): head h's query rows and key rows of the weight AND the matching bias entries are
-  scaled by `sqrt(gamma_h)`. The bias is part of the affine map `q = W_q x + b_q`: scaling only the weight would
-  leave `b_q . k` terms unscaled, so the clipped logit would miss tau and the clip would depend on the input; with
-  the bias scaled too, `q_h` and `k_h` (and their 2-D rotary images, a linear map per token) scale by exactly
-  `sqrt(gamma_h)`, so every logit of head h scales by `gamma_h`. Value rows are never touched.
-Recorded maxima are reset after every step (`reset_max_logits()` discards them by hand, e.g. after evaluation
-forwards between steps, which are recorded too).
+QK-Clip (Kimi K2) acts on every `QKClipTarget` module (`kimi_vl.optim_contract`; MLA and MoonViT attention, the
+latter only with `qk_clip_vision=True`, the default). The optimizer switches on their `record_max_logits`; each
+forward folds its per-head max pre-softmax logit (scale included, masked pairs and cross-segment pairs never
+count) into the module's `max_logits`, so the maxima accumulate over every forward since the previous step
+(gradient-accumulation micro-batches). After the update, `qk_clip()` gathers all targets' maxima into one flat
+vector, all-reduces it with MAX when torch.distributed is initialised (one collective for the whole model, so every
+rank computes the same gamma and clips identically; a module that did not run on some rank contributes -inf
+there), and for each head with `S_h > tau` sets `gamma_h = tau / S_h`; the module's `qk_clip_row_scales(gamma)`
+names the query/key rows to scale, and the optimizer scales them (`scale_rows_`, sharded weights included):
+- MLA: head h's q_nope and k_nope rows by `sqrt(gamma_h)`, its q_pe rows by `gamma_h`; the shared rotary key,
+  values, `o_proj` and the down-projections untouched, so every logit of head h scales by exactly `gamma_h`.
+- MHA (MoonViT's fused `qkv`): head h's query and key rows of the weight and the bias by `sqrt(gamma_h)`.
+Recorded maxima are reset after every step. Between steps, `reset_max_logits()` discards forwards that were not
+training (evaluation, which is recorded too) and `discard_step()` voids a skipped step (a non-finite loss or
+gradient): its maxima are dropped and `last_max_logits` reports nothing for it.
 
 Distributed: parameters that are DTensors (FSDP2 `fully_shard`, sharded on dim 0) get the same update as on one
 process: the momentum buffer stays sharded like the parameter (element-wise, local), the Nesterov update is
@@ -59,10 +55,7 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 from ..errors import ConfigError
-from ..text.attnres import ADAMW_TAG
-from ..text.mla import MultiHeadLatentAttention
-from ..text.moe import Experts
-from ..vision.moonvit import MoonViTAttention
+from ..optim_contract import ADAMW, QKClipTarget, parameter_routes
 from .distributed import all_reduce_max, scale_rows_, shard_like
 
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)  # Keller Jordan's quintic, as in torch.optim.Muon
@@ -89,46 +82,15 @@ def zeropower_via_newtonschulz(g: torch.Tensor, steps: int = 5, eps: float = NS_
     return x.mT if tall else x
 
 
-def _is_norm(module: nn.Module) -> bool:
-    return "norm" in type(module).__name__.lower()
-
-
 def route_parameters(model: nn.Module) -> dict[str, str]:
-    """`name -> "muon" | "adamw"` for every trainable parameter of `model` (shared parameters once)."""
-    owner: dict[str, nn.Module] = {}
-    for mod_name, module in model.named_modules():
-        for p_name, _ in module.named_parameters(recurse=False):
-            owner[f"{mod_name}.{p_name}" if mod_name else p_name] = module
-    out_emb = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    out_ids = {id(p) for p in out_emb.parameters()} if isinstance(out_emb, nn.Module) else set()
-    routes: dict[str, str] = {}
-    for name, p in model.named_parameters():
-        if not p.requires_grad:
-            continue
-        module = owner.get(name)
-        leaf = name.rsplit(".", 1)[-1]
-        adamw = (
-            getattr(p, ADAMW_TAG, None) == "adamw"
-            or isinstance(module, nn.Embedding)
-            or id(p) in out_ids
-            or "embed_tokens" in name
-            or "lm_head" in name
-            or (module is not None and _is_norm(module))
-            or isinstance(module, nn.modules.conv._ConvNd)
-            or leaf == "bias"
-            or p.ndim < 2
-        )
-        if adamw:
-            routes[name] = "adamw"
-        elif p.ndim == 2 or (p.ndim == 3 and isinstance(module, Experts)):
-            routes[name] = "muon"
-        else:
-            routes[name] = "adamw"
-    return routes
+    """`name -> "muon" | "adamw"` for every trainable parameter of `model` (shared parameters once), from
+    `kimi_vl.optim_contract.parameter_routes` (`MUON` and `MUON_BATCHED` both run Muon: Newton-Schulz and the lr
+    scale act on the trailing `[out, in]` matrices)."""
+    return {name: "adamw" if label == ADAMW else "muon" for name, label in parameter_routes(model).items()}
 
 
 class MuonClip(torch.optim.Optimizer):
-    """Muon + AdamW (routed by `route_parameters`) + QK-Clip on MLA and MoonViT heads. See the module docstring.
+    """Muon + AdamW (routed by `route_parameters`) + QK-Clip on every `QKClipTarget`. See the module docstring.
 
     Args:
         model: the model to train; parameters are routed and attention modules found from it. Under FSDP2 build
@@ -138,10 +100,10 @@ class MuonClip(torch.optim.Optimizer):
         momentum, nesterov, ns_steps: Muon's settings (`torch.optim.Muon`'s meaning).
         adamw_betas, adamw_eps: AdamW's settings.
         qk_clip_tau: the max-logit threshold; None disables QK-Clip (and max-logit recording).
-        qk_clip_vision: also record and clip the vision encoder's attention heads.
+        qk_clip_vision: also record and clip the heads of targets in group "vision" (the vision encoder).
 
     `param_groups` hold a `kind` field ("muon" / "adamw"); `routing()` maps parameter names to kinds;
-    `attention_modules` maps module names to the clipped attention modules; `last_max_logits` maps each of them to
+    `attention_modules` maps module names to the clipped `QKClipTarget`s; `last_max_logits` maps each of them to
     its per-head max logit `[num_heads]` (fp32, on the CPU; before clipping, over micro-batches and ranks) of the
     last step; modules that ran in no forward since the previous step are absent.
     """
@@ -179,12 +141,11 @@ class MuonClip(torch.optim.Optimizer):
         super().__init__(groups, defaults)
         self.qk_clip_tau = qk_clip_tau
         self.qk_clip_vision = qk_clip_vision
-        kinds = (MultiHeadLatentAttention, MoonViTAttention) if qk_clip_vision else (MultiHeadLatentAttention,)
-        self.attention_modules: dict[str, MultiHeadLatentAttention | MoonViTAttention] = {}
+        self.attention_modules: dict[str, QKClipTarget] = {}
         for name, module in model.named_modules():
-            if isinstance(module, (MultiHeadLatentAttention, MoonViTAttention)):
+            if isinstance(module, QKClipTarget):
                 # The optimizer owns the switch: modules it will not clip stop paying for the recording.
-                clipped = qk_clip_tau is not None and isinstance(module, kinds)
+                clipped = qk_clip_tau is not None and (qk_clip_vision or module.qk_clip_group != "vision")
                 module.record_max_logits = clipped
                 module.max_logits = None
                 if clipped:
@@ -204,9 +165,17 @@ class MuonClip(torch.optim.Optimizer):
         return dict(self._routing)
 
     def reset_max_logits(self) -> None:
-        """Discard the max logits recorded since the last step (e.g. by evaluation forwards)."""
+        """Discard the max logits recorded since the last step (e.g. by evaluation forwards), so that the next
+        QK-Clip sees only the next step's training forwards."""
         for module in self.attention_modules.values():
             module.max_logits = None
+
+    def discard_step(self) -> None:
+        """Void the current step instead of calling `step()` (e.g. its loss or gradient is not finite): the max
+        logits its forwards recorded are dropped and `last_max_logits` becomes empty (nothing to report for it).
+        Parameters and optimizer state are untouched; gradients are the caller's (`zero_grad`)."""
+        self.reset_max_logits()
+        self.last_max_logits = {}
 
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor] | None = None) -> torch.Tensor | None:
@@ -292,33 +261,6 @@ class MuonClip(torch.optim.Optimizer):
             if tau is None or not bool((s > tau).any()):
                 continue
             gamma = torch.where(s > tau, tau / s, torch.ones_like(s))
-            if isinstance(module, MultiHeadLatentAttention):
-                clip_mla_heads(module, gamma)
-            else:
-                clip_mha_heads(module, gamma)
+            for param, rows in module.qk_clip_row_scales(gamma):
+                scale_rows_(param, rows)
 
-
-@torch.no_grad()
-def clip_mla_heads(module: MultiHeadLatentAttention, gamma: torch.Tensor) -> None:
-    """Scale head h's logits by `gamma[h]` (`[num_heads]`): q_nope and k_nope rows by sqrt(gamma), q_pe rows by
-    gamma; the shared rotary key, values and down-projections are untouched."""
-    h, nope, rope, v = module.num_heads, module.nope_dim, module.rope_dim, module.v_dim
-    g = gamma.detach().to(device="cpu", dtype=torch.float32)
-    root = g.sqrt()
-    q_rows = torch.cat([root[:, None].expand(h, nope), g[:, None].expand(h, rope)], dim=1).reshape(-1)
-    scale_rows_(module.q_proj.weight if module.q_lora_rank is None else module.q_b_proj.weight, q_rows)
-    kv_rows = torch.cat([root[:, None].expand(h, nope), torch.ones(h, v)], dim=1).reshape(-1)
-    scale_rows_(module.kv_b_proj.weight, kv_rows)
-
-
-@torch.no_grad()
-def clip_mha_heads(module: MoonViTAttention, gamma: torch.Tensor) -> None:
-    """Scale head h's logits by `gamma[h]` (`[num_heads]`) in a fused `qkv` Linear (`[3 * heads * head_dim, in]`
-    rows ordered q, k, v, head-major): the head's query and key rows of the weight and bias by sqrt(gamma);
-    value rows untouched."""
-    h, d = module.num_heads, module.head_dim
-    root = gamma.detach().to(device="cpu", dtype=torch.float32).sqrt()[:, None].expand(h, d).reshape(-1)
-    rows = torch.cat([root, root, torch.ones(h * d)])
-    scale_rows_(module.qkv.weight, rows)
-    if module.qkv.bias is not None:
-        scale_rows_(module.qkv.bias, rows)

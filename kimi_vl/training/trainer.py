@@ -311,9 +311,8 @@ class Trainer:
         """A skipped step leaves no trace: gradients, recorded max logits and expert loads are dropped."""
         self.skipped += 1
         self.nonfinite_in_a_row += 1
-        for module in self.raw_model.modules():
-            if getattr(module, "record_max_logits", False):
-                module.max_logits = None
+        if isinstance(self.inner_optimizer, MuonClip):
+            self.inner_optimizer.discard_step()
         self.balancing.reset()
 
     def _max_logits(self) -> dict[str, float]:

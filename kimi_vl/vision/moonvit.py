@@ -45,7 +45,8 @@ from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
 from ..errors import ShapeError
-from ..kernels import packed_attention
+from ..kernels import packed_attention, packed_max_logits
+from ..optim_contract import MaxLogitRecorder
 from .configuration import MoonViTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]
@@ -176,50 +177,16 @@ class MoonViTRotaryEmbedding(nn.Module):
         return angles.sin(), angles.cos()
 
 
-# Max-logit recording computes scores in blocks of at most this many elements (segments * heads * rows * L).
-MAX_LOGIT_BLOCK_ELEMENTS = 1 << 24
-
-
-@torch.no_grad()
-def packed_max_logits(q: torch.Tensor, k: torch.Tensor, cu_seqlens: torch.Tensor, scale: float) -> torch.Tensor:
-    """Per-head max pre-softmax logit `max q_i . k_j * scale` over the pairs `packed_attention` attends (both
-    tokens in the same segment; never across segments), fp32: `q, k [total_tokens, heads, head_dim]` -> `[heads]`
-    (-inf for an empty pack). Runs of adjacent equal-length segments are batched; scores are computed in blocks
-    of at most `MAX_LOGIT_BLOCK_ELEMENTS`, so memory stays bounded and no pack-wide mask is built."""
-    heads = q.shape[1]
-    q, k = q.detach().float(), k.detach().float()
-    offsets = cu_seqlens.tolist()
-    runs: list[list[int]] = []  # [start, length, count] of adjacent equal-length non-empty segments
-    for s, e in zip(offsets, offsets[1:]):
-        if e == s:
-            continue
-        if runs and runs[-1][1] == e - s and runs[-1][0] + runs[-1][1] * runs[-1][2] == s:
-            runs[-1][2] += 1
-        else:
-            runs.append([s, e - s, 1])
-    out = torch.full((heads,), float("-inf"), device=q.device)
-    for start, length, count in runs:
-        qs, ks = (x[start : start + length * count].view(count, length, heads, -1).transpose(1, 2) for x in (q, k))
-        rows = min(length, max(1, MAX_LOGIT_BLOCK_ELEMENTS // (heads * length)))  # query rows per block
-        segs = max(1, MAX_LOGIT_BLOCK_ELEMENTS // (heads * rows * length))  # whole segments per block
-        for s0 in range(0, count, segs):
-            kt = ks[s0 : s0 + segs].mT
-            for r0 in range(0, length, rows):
-                scores = qs[s0 : s0 + segs, :, r0 : r0 + rows] @ kt  # [segs, heads, rows, length]
-                out = torch.maximum(out, scores.amax(dim=(0, 2, 3)))
-    return out * scale  # scale > 0 and rounding is monotonic: max(x) * scale == max(x * scale)
-
-
-class MoonViTAttention(nn.Module):
+class MoonViTAttention(MaxLogitRecorder, nn.Module):
     """Multi-head self-attention over a packed sequence with 2-D RoPE; never crosses segment boundaries.
 
-    With `record_max_logits = True` (set by `kimi_vl.training.MuonClip` for QK-Clip), every forward folds the
-    per-head max pre-softmax logit (`packed_max_logits`, scale included) into `max_logits` (`[num_heads]` fp32,
-    `torch.maximum` across forwards until reset to None).
+    A QK-Clip target (`kimi_vl.optim_contract.QKClipTarget`, group "vision"): with `record_max_logits = True` (set
+    by the optimizer), every forward folds the per-head max pre-softmax logit within its segments
+    (`kimi_vl.kernels.packed_max_logits`, scale included) into `max_logits` (`[num_heads]` fp32, element-wise max
+    across forwards until reset to None); `qk_clip_row_scales` gives the MHA rule.
     """
 
-    record_max_logits: bool = False
-    max_logits: torch.Tensor | None = None
+    qk_clip_group = "vision"
 
     def __init__(self, config: MoonViTConfig) -> None:
         super().__init__()
@@ -235,10 +202,20 @@ class MoonViTAttention(nn.Module):
         q = apply_rot_embed(q, sin, cos, half=True)
         k = apply_rot_embed(k, sin, cos, half=True)
         if self.record_max_logits:
-            m = packed_max_logits(q, k, cu_seqlens, self.head_dim**-0.5)
-            self.max_logits = m if self.max_logits is None else torch.maximum(self.max_logits, m)
+            self.fold_max_logits(packed_max_logits(q, k, cu_seqlens, self.head_dim**-0.5))
         o = packed_attention(q, k, v, cu_seqlens)
         return self.proj(o.reshape(x.shape[0], -1))
+
+    def qk_clip_row_scales(self, gamma: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """QK-Clip's MHA rule for `gamma` `[num_heads]` on the fused `qkv` (`[3 * heads * head_dim, in]`, rows
+        ordered q, k, v, head-major): head h's query and key rows of the weight AND the bias by sqrt(gamma[h]);
+        value rows untouched. The bias is part of the affine map `q = W_q x + b_q`: with it scaled too, `q_h` and
+        `k_h` (and their 2-D rotary images, a linear map per token) scale by exactly sqrt(gamma[h]), so every logit
+        of head h scales by gamma[h] for any input. Returns `(parameter, row_scale)` pairs, fp32 CPU row scales."""
+        h, d = self.num_heads, self.head_dim
+        root = gamma.detach().to(device="cpu", dtype=torch.float32).sqrt()[:, None].expand(h, d).reshape(-1)
+        rows = torch.cat([root, root, torch.ones(h * d)])
+        return [(p, rows) for p in (self.qkv.weight, self.qkv.bias) if p is not None]
 
 
 class MoonViTBlock(nn.Module):

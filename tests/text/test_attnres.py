@@ -3,8 +3,9 @@
 import pytest
 import torch
 
+from kimi_vl.optim_contract import ADAMW, parameter_routes
 from kimi_vl.text import KimiTextForCausalLM
-from kimi_vl.text.attnres import ADAMW_TAG, AttnResidual
+from kimi_vl.text.attnres import AttnResidual
 
 from .test_model import tiny_model
 
@@ -136,9 +137,12 @@ def test_attnres_with_cache_and_packing():
     assert (packed[0, 15:] - model(ids[:, 15:]).logits[0]).abs().max() < 1e-4
 
 
-def test_attnres_parameters_are_tagged_for_adamw():
+def test_attnres_parameters_are_declared_adamw():
     model = _with_residual("block_attnres", 4)
-    tagged = {n for n, p in model.named_parameters() if getattr(p, ADAMW_TAG, None) == "adamw"}
-    assert tagged == {n for n, _ in model.named_parameters() if ".residual." in n}
-    assert len(tagged) == 2 * (DEPTH - 1) + 2
-    assert all(p.ndim == 1 for n, p in model.named_parameters() if n in tagged)
+    residual = model.model.residual
+    assert {n.split(".")[0] for n, _ in residual.named_parameters()} == set(AttnResidual.optimizer_routes)
+    assert set(AttnResidual.optimizer_routes.values()) == {ADAMW}
+    routes = parameter_routes(model)
+    declared = {n for n in routes if ".residual." in n}
+    assert len(declared) == 2 * (DEPTH - 1) + 2 and all(routes[n] == ADAMW for n in declared)
+    assert all(p.ndim == 1 for n, p in model.named_parameters() if n in declared)

@@ -1,7 +1,10 @@
-"""MuonClip: Newton-Schulz, RMS matching, parity with torch.optim.Muon / AdamW, routing, QK-Clip (MLA and MoonViT's
-MHA), max-logit recording, accumulation over micro-batches and ranks, and the logit-explosion integration test."""
+"""MuonClip: Newton-Schulz, RMS matching, parity with torch.optim.Muon / AdamW, routing (declared by modules), QK-Clip
+(MLA, MoonViT's MHA and any `QKClipTarget`), max-logit recording and the shared blockwise helper, accumulation over
+micro-batches and ranks, step discarding, the import boundary, and the logit-explosion integration test."""
 
+import ast
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -9,15 +12,17 @@ import torch.optim._muon as torch_muon
 from timm.layers import apply_rot_embed
 from torch import nn
 
+import kimi_vl.kernels.attention as attention_mod
 import kimi_vl.training.muonclip as muonclip_mod
-import kimi_vl.vision.moonvit as moonvit_mod
 from kimi_vl.errors import ConfigError
+from kimi_vl.kernels import max_logits, packed_max_logits
+from kimi_vl.optim_contract import ADAMW, MUON, MUON_BATCHED, QKClipTarget, parameter_routes
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.text.mla import MultiHeadLatentAttention
 from kimi_vl.text.moe import Experts
 from kimi_vl.training import MuonClip, zeropower_via_newtonschulz
 from kimi_vl.vision import MoonViTConfig
-from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout, packed_max_logits
+from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout
 from tests.test_modeling import IMG, image, sample, tiny_vl
 from tests.text.test_model import tiny_config, tiny_model
 
@@ -170,6 +175,51 @@ def test_tied_embedding_is_routed_once():
     assert len(ids) == len(set(ids)) == len(list(model.parameters()))
 
 
+class DeclaredRoutes(nn.Module):
+    """A module kind MuonClip has never heard of, declaring some routes and leaving others to the default."""
+
+    optimizer_routes = {"stack": MUON_BATCHED, "table": ADAMW, "inner": ADAMW}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stack = nn.Parameter(torch.randn(3, 8, 5))  # three independent matrices
+        self.table = nn.Parameter(torch.randn(8, 8))  # a 2-D matrix declared AdamW
+        self.plain = nn.Parameter(torch.randn(6, 8))  # undeclared matrix: Muon
+        self.cube = nn.Parameter(torch.randn(2, 3, 4))  # undeclared 3-D: AdamW
+        self.emb = nn.Embedding(5, 8)  # undeclared embedding: AdamW
+        self.inner = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))  # declared AdamW as a whole...
+        self.inner[1].optimizer_routes = {"weight": MUON}  # ...but its second layer's own declaration wins
+
+
+def test_modules_declare_their_routes_and_the_most_specific_declaration_wins():
+    model = DeclaredRoutes()
+    assert parameter_routes(model) == {
+        "stack": MUON_BATCHED, "table": ADAMW, "plain": MUON, "cube": ADAMW, "emb.weight": ADAMW,
+        "inner.0.weight": ADAMW, "inner.0.bias": ADAMW, "inner.1.weight": MUON, "inner.1.bias": ADAMW}
+    opt = MuonClip(model, lr=0.01, weight_decay=0.0, nesterov=False)
+    assert opt.routing() == {"stack": "muon", "table": "adamw", "plain": "muon", "cube": "adamw",
+                             "emb.weight": "adamw", "inner.0.weight": "adamw", "inner.0.bias": "adamw",
+                             "inner.1.weight": "muon", "inner.1.bias": "adamw"}
+    # declarations live on modules, so copies (which drop attributes of parameter tensors) keep them
+    assert MuonClip(copy.deepcopy(model), lr=0.01).routing() == opt.routing()
+    before = model.stack.detach().clone()
+    grad = torch.randn_like(model.stack)
+    model.stack.grad = grad.clone()
+    opt.step()
+    for e in range(3):  # each [8, 5] slice is its own Muon matrix
+        want = before[e] - 0.01 * 0.2 * 8**0.5 * zeropower_via_newtonschulz(0.05 * grad[e])
+        torch.testing.assert_close(model.stack[e], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("label, shape", [("sgd", (4, 4)), (MUON, (4,)), (MUON, (2, 4, 4)), (MUON_BATCHED, (4, 4))])
+def test_a_route_that_does_not_fit_raises_config_error(label, shape):
+    module = nn.Module()
+    module.w = nn.Parameter(torch.zeros(shape))
+    module.optimizer_routes = {"w": label}
+    with pytest.raises(ConfigError, match=label):
+        MuonClip(module, lr=1e-3)
+
+
 # ---------------------------------------------------------------- QK-Clip and max logits
 
 
@@ -299,18 +349,46 @@ def test_recorded_max_logits_equal_explicit_masked_scores():
     assert (mla.max_logits >= first).all()
 
 
-def test_recording_in_query_blocks(monkeypatch):
-    import kimi_vl.text.mla as mla_mod
+def test_recorded_max_logits_of_packed_rows_cover_every_row():
+    mla = _mla()
+    mla.record_max_logits = True
+    x = torch.randn(2, 12, 32)
+    x[1] *= 3  # the second row holds the larger logits
+    mla(x, cu_seqlens=torch.tensor([0, 5, 12]))
+    seg = (torch.arange(12) >= 5).long()
+    packed = torch.ones(12, 12, dtype=torch.bool).tril() & (seg[:, None] == seg[None, :])
+    want = _scores(mla, x).masked_fill(~packed, float("-inf")).amax(dim=(0, 2, 3))
+    torch.testing.assert_close(mla.max_logits, want, rtol=1e-5, atol=1e-5)
 
+
+def test_recording_in_query_blocks(monkeypatch):
     mla = _mla()
     mla.record_max_logits = True
     x = torch.randn(2, 20, 32)
     mla(x)
     whole = mla.max_logits
-    monkeypatch.setattr(mla_mod, "MAX_LOGIT_BLOCK_ELEMENTS", 2 * 4 * 20 * 3)  # 3 query rows per block
+    monkeypatch.setattr(attention_mod, "MAX_LOGIT_BLOCK_ELEMENTS", 4 * 20 * 3)  # 3 query rows of one sample
     mla.max_logits = None
     mla(x)
     torch.testing.assert_close(mla.max_logits, whole, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("block", [None, 1, 3 * 9 * 2, 3 * 5 * 9 * 2])  # whole, 1 row, 2 rows, 2 samples per block
+def test_max_logits_helper_equals_explicit_masked_scores(monkeypatch, block):
+    """The shared helper on `[B, h, T, L]`: causal top-left with more keys than queries, a boolean mask broadcast
+    over the batch and heads, and no mask; blocks of query rows and of batch elements change nothing."""
+    if block is not None:
+        monkeypatch.setattr(attention_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
+    gen = torch.Generator().manual_seed(0)
+    q, k = torch.randn(4, 3, 5, 6, generator=gen), torch.randn(4, 3, 9, 6, generator=gen)
+    full = q @ k.mT * 0.7  # [4, 3, 5, 9]
+    causal = torch.ones(5, 9, dtype=torch.bool).tril()
+    mask = torch.rand(1, 1, 5, 9, generator=gen) > 0.5
+    mask[..., 0] = True
+    for got, allowed in [(max_logits(q, k, 0.7, causal=True), causal), (max_logits(q, k, 0.7, mask=mask), mask),
+                         (max_logits(q, k, 0.7), torch.ones(5, 9, dtype=torch.bool))]:
+        torch.testing.assert_close(got, full.masked_fill(~allowed, float("-inf")).amax(dim=(0, 2, 3)),
+                                   rtol=1e-6, atol=1e-6)
 
 
 def test_recorded_max_logit_in_absorbed_decode_path():
@@ -365,7 +443,7 @@ def test_every_non_matrix_and_every_pseudo_query_goes_to_adamw():
     for name, p in model.named_parameters():
         if p.ndim != 2 and not name.endswith(("experts.w1", "experts.w2", "experts.w3")):
             assert routes[name] == "adamw" and id(p) not in muon, name
-        if getattr(p, "_kimi_optim", None) == "adamw" or name.startswith("model.residual."):
+        if name.startswith("model.residual."):
             assert routes[name] == "adamw" and id(p) not in muon, name
     assert any(name.startswith("model.residual.") for name in routes)
 
@@ -413,11 +491,14 @@ def _vit_max(attn, x, cu, rope):
 @pytest.mark.parametrize("block", [None, 4 * 8 * 3, 4 * 4 * 4 * 2, 1])
 def test_packed_max_logits_equal_explicit_block_diagonal_scores(monkeypatch, block):
     if block is not None:  # row blocks inside a segment, several segments per block, one score per block
-        monkeypatch.setattr(moonvit_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
+        monkeypatch.setattr(attention_mod, "MAX_LOGIT_BLOCK_ELEMENTS", block)
     q, k = torch.randn(2, 28, 4, 8).unbind(0)
     cu = torch.tensor([0, 4, 4, 8, 16, 24, 28], dtype=torch.int32)  # one empty segment
     want = (torch.einsum("ihd,jhd->hij", q, k) * 0.3).masked_fill(~_same_segment(cu), float("-inf"))
     torch.testing.assert_close(packed_max_logits(q, k, cu, 0.3), want.amax(dim=(1, 2)), rtol=1e-6, atol=1e-6)
+    causal = want.masked_fill(~torch.ones(28, 28, dtype=torch.bool).tril(), float("-inf"))
+    torch.testing.assert_close(packed_max_logits(q, k, cu, 0.3, causal=True), causal.amax(dim=(1, 2)),
+                               rtol=1e-6, atol=1e-6)
     assert torch.equal(packed_max_logits(q, k, torch.tensor([0, 0]), 0.3)[:0], torch.empty(0))
 
 
@@ -522,6 +603,91 @@ def test_vision_qk_clip_is_configurable_and_vision_routing():
     assert (ids == IMG).any()
 
 
+# ---------------------------------------------------------------- any QK-Clip target
+
+
+class ToyAttention(nn.Module):
+    """An attention kind MuonClip has never heard of, a `QKClipTarget` without any kimi_vl base class: separate
+    q and k projections, and its own clip rule (all of gamma on the head's query rows, keys untouched)."""
+
+    qk_clip_group = "text"
+
+    def __init__(self, dim: int = 12, heads: int = 3) -> None:
+        super().__init__()
+        self.num_heads, self.head_dim = heads, dim // heads
+        self.q = nn.Linear(dim, dim, bias=False)
+        self.k = nn.Linear(dim, dim, bias=False)
+        self.record_max_logits = False
+        self.max_logits = None
+
+    def logits(self, x: torch.Tensor) -> torch.Tensor:
+        """`x [T, dim]` -> every pair's logit `[heads, T, T]`."""
+        q, k = (proj(x).view(x.shape[0], self.num_heads, -1).transpose(0, 1) for proj in (self.q, self.k))
+        return q @ k.mT * self.head_dim**-0.5
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scores = self.logits(x)
+        if self.record_max_logits:
+            m = scores.detach().amax(dim=(1, 2))
+            self.max_logits = m if self.max_logits is None else torch.maximum(self.max_logits, m)
+        return scores.softmax(-1)
+
+    def qk_clip_row_scales(self, gamma: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [(self.q.weight, gamma.repeat_interleave(self.head_dim))]
+
+
+def test_a_new_attention_kind_is_clipped_through_the_interface():
+    torch.manual_seed(0)
+    toy = ToyAttention()
+    assert isinstance(toy, QKClipTarget) and not isinstance(nn.Linear(2, 2), QKClipTarget)
+    with torch.no_grad():  # boost head 1 so it clips; heads 0 and 2 do not
+        toy.q.weight.view(3, 4, -1)[1] *= 5
+    x = torch.randn(7, 12)
+    before = toy.logits(x).detach()
+    s = before.amax(dim=(1, 2))
+    tau = float((s[1] + s[[0, 2]].max()) / 2)
+    assert s[[0, 2]].max() < tau < s[1]
+    model = nn.ModuleDict({"toy": toy, "mlp": nn.Linear(12, 12)})
+    opt = MuonClip(model, lr=0.0, qk_clip_tau=tau, qk_clip_vision=False)
+    assert list(opt.attention_modules) == ["toy"] and toy.record_max_logits
+    k_before = toy.k.weight.detach().clone()
+    toy(x)
+    opt.step()
+    torch.testing.assert_close(opt.last_max_logits["toy"], s)
+    after = toy.logits(x).detach()
+    torch.testing.assert_close(after[1], tau / s[1] * before[1], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(after[1].amax(), torch.tensor(tau), rtol=1e-5, atol=0)
+    assert torch.equal(after[[0, 2]], before[[0, 2]])
+    assert torch.equal(toy.k.weight, k_before)  # the toy's own rule was applied, not MLA's or MHA's
+    assert toy.max_logits is None
+
+
+def test_optimizer_imports_no_model_code_and_models_no_training_code():
+    """The dependency direction: MuonClip reads only `kimi_vl.optim_contract`; kernels, text and vision modules and
+    the contract never import `kimi_vl.training`."""
+    root = Path(muonclip_mod.__file__).parents[1]
+
+    def imports(path: Path) -> set[str]:
+        package = ".".join(path.relative_to(root.parent).with_suffix("").parts[:-1])
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.rsplit(".", node.level - 1)[0] if node.level else ""
+                names.add(".".join(part for part in (base, node.module) if part))
+            elif isinstance(node, ast.Import):
+                names.update(alias.name for alias in node.names)
+        return {n for n in names if n.startswith("kimi_vl")}
+
+    optimizer = imports(root / "training" / "muonclip.py")
+    assert "kimi_vl.optim_contract" in optimizer
+    assert not any(n.startswith(("kimi_vl.text", "kimi_vl.vision", "kimi_vl.modeling", "kimi_vl.fusion"))
+                   for n in optimizer), optimizer
+    model_files = [root / "optim_contract.py", *(root / "kernels").rglob("*.py"), *(root / "text").rglob("*.py"),
+                   *(root / "vision").rglob("*.py")]
+    for path in model_files:
+        assert not any(n.startswith("kimi_vl.training") for n in imports(path)), path
+
+
 # ---------------------------------------------------------------- micro-batches and ranks
 
 
@@ -555,6 +721,24 @@ def test_max_logits_are_the_max_over_micro_batches_of_a_step():
     opt.reset_max_logits()
     opt.step()
     assert opt.last_max_logits == {}
+
+
+def test_a_discarded_step_leaves_no_trace_in_qk_clip():
+    model, x, (v, cu, rope) = _two_kinds()
+    opt = MuonClip(model, lr=0.0, qk_clip_tau=1e9)
+    model["mla"](x)
+    opt.step()
+    assert list(opt.last_max_logits) == ["mla"]
+    opt.qk_clip_tau = 1e-3  # every head that recorded anything would clip
+    weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+    model["mla"](x)
+    model["vit"](v, cu, rope)
+    opt.discard_step()
+    assert opt.last_max_logits == {}  # the skipped step reports nothing, not the previous step's maxima
+    assert model["mla"].max_logits is None and model["vit"].max_logits is None
+    opt.step()
+    assert opt.last_max_logits == {}
+    assert all(torch.equal(p, weights[n]) for n, p in model.named_parameters())
 
 
 def test_max_logits_are_all_reduced_once_with_max_before_clipping(monkeypatch):

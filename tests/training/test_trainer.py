@@ -170,6 +170,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
         trainer.train()
     metrics = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["skipped"] for m in metrics] == [False, False, True, True, False, True, True, True]
+    assert all((m["max_logits"] == {}) == m["skipped"] for m in metrics)  # a skipped step reports no maxima
     assert sorted(before) == [0, 1, 4]  # the optimizer never ran on a poisoned step
     assert metrics[-1]["skipped_total"] == 5
     assert all(torch.isfinite(p).all() for p in model.parameters())
