@@ -55,6 +55,12 @@ def _train(args: argparse.Namespace) -> None:
     print(f"wrote {out}")
 
 
+def _eval(args: argparse.Namespace) -> None:
+    from .eval.runner import run_eval_from_args
+
+    run_eval_from_args(args)
+
+
 def _ablate(args: argparse.Namespace) -> None:
     from .eval.ablation import vision_rl_ablation
 
@@ -184,11 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_export)
     _add_train_parsers(sub)
     _add_data_parsers(sub)
-    from .eval.runner import add_eval_arguments, run_eval_from_args
+    from .eval.runner import add_eval_arguments
 
-    ev = sub.add_parser("eval", help="MMLU-Pro / MathVista (official protocols) and their offline proxies")
+    ev = sub.add_parser("eval", help="registered benchmarks: MMLU-Pro / MathVista (official protocols) and their "
+                        "offline proxies")
     add_eval_arguments(ev)
-    ev.set_defaults(func=run_eval_from_args)
+    ev.set_defaults(func=_eval)
     ablate = sub.add_parser("ablate", help="ablations")
     kinds = ablate.add_subparsers(dest="ablation", required=True)
     vrl = kinds.add_parser("vision-rl", help="RL text-only vs text+vision from one SFT checkpoint, evaluated on text "

@@ -48,31 +48,34 @@ EVAL_STAGES = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "afte
 
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
     """Evaluate the pre-trained, SFT and RL checkpoints (the same prompts for all three: the pre-trained model has
-    seen chats only with images, so its text scores show what SFT adds); proxies use `PROXY_EVAL_OPTIONS`, real
+    seen chats only with images, so its text scores show what SFT adds); proxies use `PROXY_EVAL_CONFIG`, real
     benchmarks their official settings."""
-    from .eval.proxies import PROXY_EVAL_OPTIONS
+    import dataclasses
+
+    from .eval.config import EvalConfig
+    from .eval.proxies import PROXY_EVAL_CONFIG
     from .eval.runner import evaluate
 
     marker = out / "eval" / "done.json"
     if (done := _done(marker)) is not None:
         return done
     if data_dir is None:
-        tasks, options = ["mmlu_pro_synth", "mathvista_synth"], dict(PROXY_EVAL_OPTIONS)
+        benchmarks, options = ["mmlu_pro_synth", "mathvista_synth"], PROXY_EVAL_CONFIG
     else:
-        tasks, options = ["mmlu_pro", "mathvista"], {}
+        benchmarks, options = ["mmlu_pro", "mathvista"], EvalConfig()
+    config = dataclasses.replace(options, data_dir=data_dir, limit=limit, progress=progress)
     results = {}
     for name in EVAL_STAGES:
-        report = evaluate(out / name, tasks, out / "eval" / name, data_dir=data_dir, limit=limit, progress=progress,
-                          **options)
-        results[name] = {t: {k: v for k, v in e.items() if k in ("accuracy", "correct", "total", "proxy")}
-                         for t, e in report["tasks"].items()}
-    results["chance"] = chance_levels(tasks, limit)
-    results["settings"] = options
+        report = evaluate(out / name, benchmarks, out / "eval" / name, config)
+        results[name] = {b: {k: v for k, v in e.items() if k in ("accuracy", "correct", "total", "proxy")}
+                         for b, e in report["benchmarks"].items()}
+    results["chance"] = chance_levels(benchmarks, limit)
+    results["settings"] = options.changes()
     marker.write_text(json.dumps(results, indent=1))
     return results
 
 
-def chance_levels(tasks: list[str], limit: int | None) -> dict[str, float]:
+def chance_levels(benchmarks: list[str], limit: int | None) -> dict[str, float]:
     """Expected accuracy of uniform random guessing on each proxy (multiple choice: 1 / options; free form: 0)."""
     import tempfile
 
@@ -80,10 +83,10 @@ def chance_levels(tasks: list[str], limit: int | None) -> dict[str, float]:
     from .eval.proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE, PROXY_SEED
 
     out = {}
-    if "mmlu_pro_synth" in tasks:
+    if "mmlu_pro_synth" in benchmarks:
         rows = mmlu_pro_rows(limit or MMLU_PRO_SYNTH_SIZE, PROXY_SEED)
         out["mmlu_pro_synth"] = sum(1 / len(r["options"]) for r in rows) / len(rows)
-    if "mathvista_synth" in tasks:
+    if "mathvista_synth" in benchmarks:
         with tempfile.TemporaryDirectory() as tmp:
             rows = list(mathvista_rows(limit or MATHVISTA_SYNTH_SIZE, PROXY_SEED, Path(tmp)).values())
         out["mathvista_synth"] = sum(1 / len(r["choices"]) if r["question_type"] == "multi_choice" else 0.0

@@ -9,6 +9,7 @@ interval over seeds (Student t on the per-seed paired deltas), a plot, and the m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import statistics
@@ -17,7 +18,8 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..training.stages import read_summary, rl
-from .proxies import PROXY_EVAL_OPTIONS
+from .config import EvalConfig
+from .proxies import PROXY_EVAL_CONFIG
 from .runner import evaluate
 
 ARMS = {"text": ("text",), "text+vision": ("text", "vision")}
@@ -46,36 +48,41 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
 
 def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int = 3, steps: int | None = None,
                        data_dir: str | Path | None = None, limit: int | None = None, progress: bool = True,
-                       **eval_options: Any) -> dict[str, Any]:
+                       config: EvalConfig | None = None) -> dict[str, Any]:
     """Run the ablation (resumable: finished RL runs and cached responses are reused); returns the report dict and
-    writes `ablation.json`, `ablation.md` and `ablation.png` under `out_dir`."""
+    writes `ablation.json`, `ablation.md` and `ablation.png` under `out_dir`.
+
+    `config` holds the evaluation options; its `data_dir`, `limit` and `progress` are replaced by the arguments of
+    the same names. Default: `PROXY_EVAL_CONFIG` on the proxies (the quickstart's settings, so scores compare with
+    it), the official settings on real data.
+    """
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}.")
     out_dir = Path(out_dir)
-    tasks = ("mmlu_pro", "mathvista") if data_dir else ("mmlu_pro_synth", "mathvista_synth")
-    eval_options = {**({} if data_dir else PROXY_EVAL_OPTIONS), **eval_options}  # proxies: the quickstart's settings
-    scores: dict[str, dict[str, list[float]]] = {arm: {t: [] for t in tasks} for arm in ARMS}
+    benchmarks = ("mmlu_pro", "mathvista") if data_dir else ("mmlu_pro_synth", "mathvista_synth")
+    options = config or (EvalConfig() if data_dir else PROXY_EVAL_CONFIG)
+    eval_config = dataclasses.replace(options, data_dir=data_dir, limit=limit, progress=progress)
+    scores: dict[str, dict[str, list[float]]] = {arm: {b: [] for b in benchmarks} for arm in ARMS}
     for seed in range(seeds):
         for arm, families in ARMS.items():
             run_dir = out_dir / f"{arm.replace('+', '_')}_seed{seed}"
             rl(sft_dir, run_dir / "model", tasks=list(families), seed=seed, progress=progress,
                **({} if steps is None else {"steps": steps}))
-            report = evaluate(run_dir / "model", list(tasks), run_dir / "eval", data_dir=data_dir, limit=limit,
-                              progress=progress, **eval_options)
-            for t in tasks:
-                scores[arm][t].append(report["tasks"][t]["accuracy"])
+            report = evaluate(run_dir / "model", list(benchmarks), run_dir / "eval", eval_config)
+            for b in benchmarks:
+                scores[arm][b].append(report["benchmarks"][b]["accuracy"])
     summary = read_summary(out_dir / "text_seed0" / "model") or {}
     result = {
         "sft_checkpoint": str(sft_dir), "seeds": seeds, "rl_steps": summary.get("steps"),
         "rl_prompts_per_step": summary.get("prompts_per_step"), "rl_k": summary.get("k"),
-        "preset": summary.get("preset"), "tasks": list(tasks), "proxies": data_dir is None, "limit": limit,
-        "eval_options": eval_options,
+        "preset": summary.get("preset"), "benchmarks": list(benchmarks), "proxies": data_dir is None, "limit": limit,
+        "eval_options": options.changes(),
         "scores": scores, "summary": {},
     }
-    for t in tasks:
-        deltas = [b - a for a, b in zip(scores["text"][t], scores["text+vision"][t])]
-        result["summary"][t] = {
-            "text": mean_ci(scores["text"][t]), "text+vision": mean_ci(scores["text+vision"][t]),
+    for b in benchmarks:
+        deltas = [tv - t for t, tv in zip(scores["text"][b], scores["text+vision"][b])]
+        result["summary"][b] = {
+            "text": mean_ci(scores["text"][b]), "text+vision": mean_ci(scores["text+vision"][b]),
             "delta": mean_ci(deltas),
         }
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -101,8 +108,8 @@ def ablation_markdown(result: dict[str, Any]) -> str:
         "| benchmark | RL text | RL text+vision | delta (vision - text) |",
         "|---|---|---|---|",
     ]
-    for t, s in result["summary"].items():
-        lines.append(f"| {t}{proxy} | {_pct(*s['text'])} | {_pct(*s['text+vision'])} | {_pct(*s['delta'])} |")
+    for b, s in result["summary"].items():
+        lines.append(f"| {b}{proxy} | {_pct(*s['text'])} | {_pct(*s['text+vision'])} | {_pct(*s['delta'])} |")
     lines += ["", f"Items per benchmark: {result['limit'] or 'all'}; evaluation options: "
               f"{result.get('eval_options') or 'the official settings'}. "
               + ("The benchmarks are the offline synthetic proxies built from the embedded synthetic world, not "
@@ -118,15 +125,15 @@ def plot_ablation(result: dict[str, Any], path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    tasks = list(result["summary"])
+    benchmarks = list(result["summary"])
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.38
     for i, arm in enumerate(ARMS):
-        means = [100 * result["summary"][t][arm][0] for t in tasks]
-        errs = [0 if math.isnan(h := result["summary"][t][arm][1]) else 100 * h for t in tasks]
-        ax.bar([j + (i - 0.5) * width for j in range(len(tasks))], means, width, yerr=errs, capsize=4,
+        means = [100 * result["summary"][b][arm][0] for b in benchmarks]
+        errs = [0 if math.isnan(h := result["summary"][b][arm][1]) else 100 * h for b in benchmarks]
+        ax.bar([j + (i - 0.5) * width for j in range(len(benchmarks))], means, width, yerr=errs, capsize=4,
                label=f"RL {arm}")
-    ax.set_xticks(range(len(tasks)), tasks)
+    ax.set_xticks(range(len(benchmarks)), benchmarks)
     ax.set(ylabel="accuracy (%)", title="Vision-RL ablation (95% CI over seeds)")
     ax.legend()
     fig.tight_layout()

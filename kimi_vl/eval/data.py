@@ -1,6 +1,6 @@
 """Benchmark data: the Hugging Face datasets when reachable, local files otherwise.
 
-Local files (`--data-dir DIR`) use the datasets' own schemas. For a task `name` the files are looked up under
+Local files (`--data-dir DIR`) use the datasets' own schemas. For a benchmark `name` the files are looked up under
 `DIR/<name>/` first (e.g. `DIR/mmlu_pro/`, `DIR/mathvista/`), then under `DIR` itself, recursively; a split's
 files are those whose name starts with the split name (`test-00000-of-00001.parquet`, `validation.jsonl`,
 `testmini.json`, ...), in sorted order. Accepted formats:
@@ -116,12 +116,12 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def split_files(data_dir: str | os.PathLike, task_dirs: Sequence[str], split: str) -> list[Path]:
+def split_files(data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], split: str) -> list[Path]:
     """Files of `split` under `data_dir` (see the module docstring for the search order)."""
     root = Path(data_dir)
     if not root.is_dir():
         raise DataUnavailableError(f"--data-dir {root} is not a directory; pass the folder holding the data files.")
-    for base in [root / name for name in task_dirs] + [root]:
+    for base in [root / name for name in benchmark_dirs] + [root]:
         if not base.is_dir():
             continue
         found = sorted(
@@ -133,7 +133,7 @@ def split_files(data_dir: str | os.PathLike, task_dirs: Sequence[str], split: st
 
 
 def load_local_split(
-    data_dir: str | os.PathLike, task_dirs: Sequence[str], split: str, *, required: bool = True, hint: str = ""
+    data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], split: str, *, required: bool = True, hint: str = ""
 ) -> tuple[list[dict[str, Any]], list[Path]]:
     """Rows of `split` read from the local files under `data_dir` and the files they came from.
 
@@ -141,11 +141,11 @@ def load_local_split(
         DataUnavailableError: no file for the split (when `required`; `hint`, e.g. why the split is needed, ends
             the message), or an unreadable file.
     """
-    files = split_files(data_dir, task_dirs, split)
+    files = split_files(data_dir, benchmark_dirs, split)
     if not files:
         if not required:
             return [], []
-        where = ", ".join(str(Path(data_dir) / d) for d in task_dirs) + f" or {data_dir}"
+        where = ", ".join(str(Path(data_dir) / d) for d in benchmark_dirs) + f" or {data_dir}"
         raise DataUnavailableError(
             f"no '{split}' data file under {where}: expected a file named {split}*.parquet, {split}*.jsonl or "
             f"{split}*.json (the dataset's own schema).{' ' + hint if hint else ''}"

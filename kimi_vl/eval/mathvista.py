@@ -43,7 +43,7 @@ from .data import DataUnavailableError, load_hub_dataset, load_local_split
 
 HF_REPO = "AI4Math/MathVista"
 SPLIT = "testmini"
-TASK_DIRS = ("mathvista", "MathVista")
+BENCHMARK_DIRS = ("mathvista", "MathVista")
 MAX_NEW_TOKENS = 1024
 
 HINT_MULTI_CHOICE = "Please answer the question and provide the correct option letter, e.g., A, B, C, D, at the end."
@@ -418,7 +418,7 @@ def load_mathvista(data_dir: str | os.PathLike | None = None, split: str = SPLIT
         DataUnavailableError: the hub is unreachable (pass `data_dir`), or the local files are missing.
     """
     if data_dir is not None:
-        rows, files = load_local_split(data_dir, TASK_DIRS, split)
+        rows, files = load_local_split(data_dir, BENCHMARK_DIRS, split)
         for r in rows:
             r.setdefault("_image_root", str(files[0].parent))
     else:

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from .data import DataUnavailableError, load_hub_dataset, load_local_split
 
 HF_REPO = "TIGER-Lab/MMLU-Pro"
-TASK_DIRS = ("mmlu_pro", "MMLU-Pro", "mmlu-pro")
+BENCHMARK_DIRS = ("mmlu_pro", "MMLU-Pro", "mmlu-pro")
 
 CATEGORIES: tuple[str, ...] = (
     "biology", "business", "chemistry", "computer science", "economics", "engineering", "health", "history", "law",
@@ -102,9 +102,9 @@ def load_mmlu_pro(
     """
     val: list[dict] = []
     if data_dir is not None:
-        test, _ = load_local_split(data_dir, TASK_DIRS, "test")
+        test, _ = load_local_split(data_dir, BENCHMARK_DIRS, "test")
         if validation:
-            val, _ = load_local_split(data_dir, TASK_DIRS, "validation", hint=(
+            val, _ = load_local_split(data_dir, BENCHMARK_DIRS, "validation", hint=(
                 "k-shot prompts take their worked examples from the validation split: add the file, or evaluate "
                 "0-shot (--num-shots 0)."))
     else:

@@ -7,7 +7,8 @@
 
 They need no download and measure the same skills on the world's own distribution; they are NOT the benchmarks
 and every report labels them "(synthetic proxy)". The default seed (`PROXY_SEED`) is far from the small seeds
-training streams use, to keep proxy items apart from training samples.
+training streams use, to keep proxy items apart from training samples. `kimi_vl.eval.benchmarks` registers them as
+benchmarks.
 """
 
 from __future__ import annotations
@@ -17,15 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from ..data import world
+from .config import PROXY_SEED, EvalConfig
 from .mathvista import build_query
 from .mmlu_pro import preprocess
 
-PROXY_SEED = 90_210
 MMLU_PRO_SYNTH_SIZE = 140
 MATHVISTA_SYNTH_SIZE = 100
 SHOT_POOL = 140
 """Rows generated (from `seed + 1`) to pick the per-category worked examples of `mmlu_pro_synth` from."""
-PROXY_EVAL_OPTIONS = {"num_shots": 0, "mmlu_pro_format": "chat", "max_new_tokens": 96}
+PROXY_EVAL_CONFIG = EvalConfig(num_shots=0, mmlu_pro_format="chat", max_new_tokens=96)
 """`evaluate` options the quickstart and the Vision-RL ablation use on the proxies: zero-shot chat prompts (five
 worked examples do not fit the tiny model's 256-token context) and 96 new tokens (the longest target reply, a
 five-bar chart's multiple choice, is about 60 tokens)."""
@@ -59,6 +60,6 @@ def mathvista_synth(
 
 
 __all__ = [
-    "MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_EVAL_OPTIONS", "PROXY_SEED", "mathvista_synth",
+    "MATHVISTA_SYNTH_SIZE", "MMLU_PRO_SYNTH_SIZE", "PROXY_EVAL_CONFIG", "PROXY_SEED", "mathvista_synth",
     "mmlu_pro_synth",
 ]

@@ -1,8 +1,8 @@
 """Evaluation reports: `report.json` (everything), `report.md` (overall + per-category tables, settings,
-deviations from the official protocols) and one `<task>_categories.png` bar plot per task.
+deviations from the official protocols) and one `<benchmark>_categories.png` bar plot per benchmark.
 
-A task entry (as built by `kimi_vl.eval.runner`) holds at least `title`, `proxy`, `accuracy` (fraction),
-`correct`, `total` and `categories` (`{name: {"accuracy", "correct", "total"}}`); proxies are labelled
+A benchmark entry (as built by `kimi_vl.eval.runner`) holds at least `benchmark`, `title`, `proxy`, `accuracy`
+(fraction), `correct`, `total` and `categories` (`{name: {"accuracy", "correct", "total"}}`); proxies are labelled
 "(synthetic proxy)" everywhere.
 """
 
@@ -16,9 +16,9 @@ from typing import Any
 PROXY_LABEL = "(synthetic proxy)"
 
 
-def task_title(entry: dict[str, Any]) -> str:
-    """The task's display title, with the proxy label for proxies."""
-    title = entry.get("title", entry.get("task", "task"))
+def benchmark_title(entry: dict[str, Any]) -> str:
+    """The benchmark's display title, with the proxy label for proxies."""
+    title = entry.get("title", entry.get("benchmark", "benchmark"))
     return f"{title} {PROXY_LABEL}" if entry.get("proxy") and PROXY_LABEL not in title else title
 
 
@@ -31,11 +31,12 @@ def render_markdown(report: dict[str, Any]) -> str:
     model = report.get("model", {})
     lines = ["# Evaluation report", "", f"Model: `{model.get('name', '?')}` ({model.get('class', '?')}, "
              f"{model.get('device', '?')}, {model.get('dtype', '?')})", ""]
-    lines += ["| task | accuracy | correct | total |", "|---|---|---|---|"]
-    for entry in report["tasks"].values():
-        lines.append(f"| {task_title(entry)} | {_pct(entry['accuracy'])} | {entry['correct']} | {entry['total']} |")
-    for name, entry in report["tasks"].items():
-        lines += ["", f"## {task_title(entry)}", ""]
+    lines += ["| benchmark | accuracy | correct | total |", "|---|---|---|---|"]
+    for entry in report["benchmarks"].values():
+        lines.append(f"| {benchmark_title(entry)} | {_pct(entry['accuracy'])} | {entry['correct']} | "
+                     f"{entry['total']} |")
+    for name, entry in report["benchmarks"].items():
+        lines += ["", f"## {benchmark_title(entry)}", ""]
         if entry.get("proxy"):
             lines += ["Built from the synthetic world: a proxy in the benchmark's format, not the benchmark.", ""]
         lines.append(f"Accuracy {_pct(entry['accuracy'])} ({entry['correct']}/{entry['total']}).")
@@ -60,7 +61,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 
 
 def plot_categories(entry: dict[str, Any], path: str | os.PathLike) -> Path:
-    """A horizontal bar plot of the per-category accuracies of one task (overall accuracy as a dashed line)."""
+    """A horizontal bar plot of the per-category accuracies of one benchmark (overall accuracy as a dashed line)."""
     import matplotlib
 
     matplotlib.use("Agg", force=False)
@@ -79,7 +80,7 @@ def plot_categories(entry: dict[str, Any], path: str | os.PathLike) -> Path:
         ax.axvline(100 * entry["accuracy"], color="#C44E52", linestyle="--", label=f"overall {_pct(entry['accuracy'])}")
         ax.set_xlim(0, 100)
         ax.set_xlabel("accuracy (%)")
-        ax.set_title(task_title(entry), fontsize=10)
+        ax.set_title(benchmark_title(entry), fontsize=10)
         ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
         fig.savefig(path, dpi=100)
@@ -93,7 +94,7 @@ def write_reports(report: dict[str, Any], out_dir: str | os.PathLike) -> dict[st
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths: dict[str, Path] = {}
-    for name, entry in report["tasks"].items():
+    for name, entry in report["benchmarks"].items():
         if entry["categories"]:
             plot = plot_categories(entry, out / f"{name}_categories.png")
             entry["plot"] = plot.name
@@ -105,4 +106,4 @@ def write_reports(report: dict[str, Any], out_dir: str | os.PathLike) -> dict[st
     return paths
 
 
-__all__ = ["PROXY_LABEL", "plot_categories", "render_markdown", "task_title", "write_reports"]
+__all__ = ["PROXY_LABEL", "plot_categories", "render_markdown", "benchmark_title", "write_reports"]

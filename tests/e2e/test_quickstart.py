@@ -38,14 +38,14 @@ def test_quickstart_smoke(tmp_path):
 def test_report_shows_every_evaluated_stage_against_chance(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL), chance, and
     says how accuracy was measured; an older eval/done.json without the pre-training entry still renders."""
-    from kimi_vl.eval.proxies import PROXY_EVAL_OPTIONS
+    from kimi_vl.eval.proxies import PROXY_EVAL_CONFIG
     from kimi_vl.quickstart import EVAL_STAGES, write_report
 
     (tmp_path / "eval").mkdir()
     entry = lambda c: {"proxy": True, "accuracy": c / 100, "correct": c, "total": 100}  # noqa: E731
     done = {name: {"mmlu_pro_synth": entry(10 + i), "mathvista_synth": entry(20 + i)}
             for i, name in enumerate(EVAL_STAGES)}
-    done.update(chance={"mmlu_pro_synth": 0.1, "mathvista_synth": 0.0468}, settings=PROXY_EVAL_OPTIONS)
+    done.update(chance={"mmlu_pro_synth": 0.1, "mathvista_synth": 0.0468}, settings=PROXY_EVAL_CONFIG.changes())
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
     report = write_report(tmp_path, {"pretrain": 1.0}).read_text()
     assert "| benchmark | chance | after pre-training | after SFT | after RL |" in report

@@ -34,7 +34,7 @@ def test_markdown_labels_proxies_and_states_sizes():
 
 @pytest.mark.slow
 def test_ablation_command_end_to_end(tmp_path):
-    from kimi_vl.eval.proxies import PROXY_EVAL_OPTIONS
+    from kimi_vl.eval.proxies import PROXY_EVAL_CONFIG
     from kimi_vl.training.stages import pretrain, sft
 
     pre = pretrain(tmp_path / "pre", steps=2, progress=False, val_batches=1)
@@ -43,8 +43,8 @@ def test_ablation_command_end_to_end(tmp_path):
     assert main(["ablate", "vision-rl", "--from", str(sft_dir), "--out", str(out), "--seeds", "2", "--steps", "1",
                  "--limit", "3"]) == 0
     result = json.loads((out / "ablation.json").read_text())
-    assert result["tasks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
-    assert result["eval_options"] == PROXY_EVAL_OPTIONS  # the quickstart's proxy settings, comparable with it
+    assert result["benchmarks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
+    assert result["eval_options"] == PROXY_EVAL_CONFIG.changes()  # the quickstart's proxy settings, comparable
     for arm in ("text", "text+vision"):
         assert all(len(v) == 2 for v in result["scores"][arm].values())
     assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"

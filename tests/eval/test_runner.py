@@ -2,6 +2,7 @@
 Kimi-VL model (with images), reports, the CLI entry points, and resuming an interrupted run."""
 
 import argparse
+import dataclasses
 import json
 import random
 import shutil
@@ -14,7 +15,8 @@ from PIL import Image
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from kimi_vl.errors import CheckpointError, ConfigError
-from kimi_vl.eval import DataUnavailableError, runner
+from kimi_vl.eval import DataUnavailableError, EvalConfig, parse_benchmarks, runner
+from kimi_vl.eval import mathvista as mv
 from kimi_vl.eval.generation import Engine, cut_at_stop
 from kimi_vl.fusion import build_tokenizer
 from tests.test_export import tiny_model, tiny_processor
@@ -78,31 +80,31 @@ def _lines(path):
     return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
 
 
-def _check_outputs(out, report, tasks):
-    for name in tasks:
-        entry = report["tasks"][name]
+def _check_outputs(out, report, benchmarks):
+    for name in benchmarks:
+        entry = report["benchmarks"][name]
         assert 0.0 <= entry["accuracy"] <= 1.0 and entry["total"] > 0
         assert (out / f"{name}_categories.png").stat().st_size > 0
         assert len(_lines(out / f"responses.{name}.jsonl")) == entry["total"]
         assert (out / f"results.{name}.json").is_file()
     saved = json.loads((out / "report.json").read_text())
-    assert set(saved["tasks"]) == set(tasks)
+    assert set(saved["benchmarks"]) == set(benchmarks)
     return (out / "report.md").read_text()
 
 
 def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     out = tmp_path / "out"
-    report = runner.evaluate(llama_dir, "mmlu_pro,mathvista", out, data_dir=data_dir, batch_size=2, max_new_tokens=3,
-                             mathvista_extractor="self", progress=False)
+    report = runner.evaluate(llama_dir, "mmlu_pro,mathvista", out, EvalConfig(
+        data_dir=data_dir, batch_size=2, max_new_tokens=3, mathvista_extractor="self", progress=False))
     md = _check_outputs(out, report, ["mmlu_pro", "mathvista"])
-    mmlu = report["tasks"]["mmlu_pro"]
+    mmlu = report["benchmarks"]["mmlu_pro"]
     assert mmlu["total"] == 4 and set(mmlu["categories"]) == {"math", "computer science"}
     results = json.loads((out / "results.mmlu_pro.json").read_text())
     assert [(r["category"], r["shots"]) for r in results] == [("computer science", 1)] * 2 + [("math", 2)] * 2
     assert all("pred" in r and "model_outputs" in r for r in results)
-    mathvista = report["tasks"]["mathvista"]
+    mathvista = report["benchmarks"]["mathvista"]
     scores = json.loads((out / "scores.mathvista.json").read_text())
-    assert scores["average"]["total"] == 3 and list(scores)[1:] == list(runner.mv.SCORE_KEYS)
+    assert scores["average"]["total"] == 3 and list(scores)[1:] == list(mv.SCORE_KEYS)
     assert mathvista["settings"]["images"] is False
     assert any("query text only" in d for d in mathvista["deviations"])
     assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
@@ -122,13 +124,13 @@ def test_tiny_kimi_vl_end_to_end_with_images(tmp_path, data_dir, kimi_dir, monke
 
     monkeypatch.setattr(Engine, "generate", spy)
     out = tmp_path / "out"
-    report = runner.evaluate(kimi_dir, ["mathvista", "mmlu_pro"], out, data_dir=data_dir, batch_size=2,
-                             max_new_tokens=3, progress=False)
+    report = runner.evaluate(kimi_dir, ["mathvista", "mmlu_pro"], out,
+                             EvalConfig(data_dir=data_dir, batch_size=2, max_new_tokens=3, progress=False))
     _check_outputs(out, report, ["mathvista", "mmlu_pro"])
     assert report["model"]["class"] == "KimiVLForConditionalGeneration" and report["model"]["images"]
-    assert report["tasks"]["mathvista"]["settings"]["images"] is True
+    assert report["benchmarks"]["mathvista"]["settings"]["images"] is True
     assert sum(isinstance(im, Image.Image) for im in seen_images) == len(MATHVISTA_PIDS)
-    assert not any("query text only" in d for d in report["tasks"]["mathvista"]["deviations"])
+    assert not any("query text only" in d for d in report["benchmarks"]["mathvista"]["deviations"])
 
 
 def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_dir, monkeypatch):
@@ -141,44 +143,45 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_d
 
     monkeypatch.setattr(Engine, "generate", counting)
 
-    def stop_after_two(task, done, total):
+    def stop_after_two(benchmark, done, total):
         if done >= 2:
             raise KeyboardInterrupt
 
     out = tmp_path / "out"
-    kwargs = dict(data_dir=data_dir, batch_size=1, max_new_tokens=3, progress=False)
+    config = EvalConfig(data_dir=data_dir, batch_size=1, max_new_tokens=3, progress=False)
     with pytest.raises(KeyboardInterrupt):
-        runner.evaluate(llama_dir, "mmlu_pro", out, progress_callback=stop_after_two, **kwargs)
+        runner.evaluate(llama_dir, "mmlu_pro", out, config, progress_callback=stop_after_two)
     assert len(generated) == 2 and len(_lines(out / "responses.mmlu_pro.jsonl")) == 2
     first = set(generated)
 
     generated.clear()
-    report = runner.evaluate(llama_dir, "mmlu_pro", out, **kwargs)
+    report = runner.evaluate(llama_dir, "mmlu_pro", out, config)
     assert len(generated) == 2 and not first & set(generated)  # only the two unfinished items
-    assert report["tasks"]["mmlu_pro"]["total"] == 4
+    assert report["benchmarks"]["mmlu_pro"]["total"] == 4
 
     generated.clear()
-    again = runner.evaluate(llama_dir, "mmlu_pro", out, **kwargs)
-    assert generated == [] and again["tasks"]["mmlu_pro"]["correct"] == report["tasks"]["mmlu_pro"]["correct"]
+    again = runner.evaluate(llama_dir, "mmlu_pro", out, config)
+    assert generated == []
+    assert again["benchmarks"]["mmlu_pro"]["correct"] == report["benchmarks"]["mmlu_pro"]["correct"]
 
-    fresh = runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "fresh", **kwargs)  # same answers as uninterrupted
+    fresh = runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "fresh", config)  # same answers as uninterrupted
     resumed = [r["model_outputs"] for r in json.loads((out / "results.mmlu_pro.json").read_text())]
     assert resumed == [r["model_outputs"] for r in json.loads((tmp_path / "fresh" / "results.mmlu_pro.json").read_text())]
-    assert fresh["tasks"]["mmlu_pro"]["correct"] == report["tasks"]["mmlu_pro"]["correct"]
+    assert fresh["benchmarks"]["mmlu_pro"]["correct"] == report["benchmarks"]["mmlu_pro"]["correct"]
 
     generated.clear()  # changed generation settings invalidate the cache
-    runner.evaluate(llama_dir, "mmlu_pro", out, **{**kwargs, "max_new_tokens": 2})
+    runner.evaluate(llama_dir, "mmlu_pro", out, dataclasses.replace(config, max_new_tokens=2))
     assert len(generated) == 4
 
 
 def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
     parser = argparse.ArgumentParser()
     runner.add_eval_arguments(parser)
-    args = parser.parse_args(["--model", str(llama_dir), "--tasks", "mathvista", "--out", str(tmp_path / "o"),
+    args = parser.parse_args(["--model", str(llama_dir), "--benchmarks", "mathvista", "--out", str(tmp_path / "o"),
                               "--data-dir", str(data_dir), "--limit", "2", "--max-new-tokens", "2", "--no-progress",
                               "--mathvista-extractor", "rules"])
     report = runner.run_eval_from_args(args)
-    assert report["tasks"]["mathvista"]["total"] == 2
+    assert report["benchmarks"]["mathvista"]["total"] == 2
     printed = capsys.readouterr().out
     assert "MathVista testmini:" in printed and "report.md" in printed
 
@@ -186,23 +189,25 @@ def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
 def test_proxies_are_labelled(tmp_path, llama_dir):
     pytest.importorskip("kimi_vl.data.world", reason="the synthetic world is not available yet")
     out = tmp_path / "out"
-    report = runner.evaluate(llama_dir, "proxies", out, limit=4, max_new_tokens=2, batch_size=4, progress=False)
-    assert set(report["tasks"]) == {"mmlu_pro_synth", "mathvista_synth"}
-    assert all(e["proxy"] for e in report["tasks"].values())
+    report = runner.evaluate(llama_dir, "proxies", out,
+                             EvalConfig(limit=4, max_new_tokens=2, batch_size=4, progress=False))
+    assert set(report["benchmarks"]) == {"mmlu_pro_synth", "mathvista_synth"}
+    assert all(e["proxy"] for e in report["benchmarks"].values())
     md = (out / "report.md").read_text()
     assert md.count("(synthetic proxy)") >= 4
 
 
 def test_argument_errors(tmp_path, llama_dir, data_dir):
-    assert runner.parse_tasks("mmlu_pro, proxies,mmlu_pro") == ["mmlu_pro", "mmlu_pro_synth", "mathvista_synth"]
-    with pytest.raises(ConfigError, match="unknown eval task"):
-        runner.parse_tasks("mmlu")
+    selected = parse_benchmarks("mmlu_pro, proxies,mmlu_pro")
+    assert [b.name for b in selected] == ["mmlu_pro", "mmlu_pro_synth", "mathvista_synth"]
+    with pytest.raises(ConfigError, match="unknown benchmark 'mmlu'"):
+        runner.evaluate(llama_dir, "mmlu", tmp_path)
     with pytest.raises(ConfigError, match="mathvista_extractor"):
-        runner.evaluate(llama_dir, "mathvista", tmp_path, mathvista_extractor="gpt-4")
+        EvalConfig(mathvista_extractor="gpt-4")
     with pytest.raises(CheckpointError, match="config.json"):
-        runner.evaluate(tmp_path, "mmlu_pro", tmp_path / "o", data_dir=data_dir)
+        runner.evaluate(tmp_path, "mmlu_pro", tmp_path / "o", EvalConfig(data_dir=data_dir))
     with pytest.raises(DataUnavailableError, match="testmini"):  # data is checked before the model is loaded
-        runner.evaluate(tmp_path, "mathvista", tmp_path / "o", data_dir=tmp_path)
+        runner.evaluate(tmp_path, "mathvista", tmp_path / "o", EvalConfig(data_dir=tmp_path))
     assert cut_at_stop("abc Question: next", ["Question:"]) == "abc "
 
 
@@ -212,12 +217,12 @@ def test_zero_shot_needs_no_validation_split(tmp_path, data_dir, llama_dir):
     shutil.copy(data_dir / "mmlu_pro" / "test-00000-of-00001.parquet", no_val / "mmlu_pro")
     parser = argparse.ArgumentParser()
     runner.add_eval_arguments(parser)
-    args = parser.parse_args(["--model", str(llama_dir), "--tasks", "mmlu_pro", "--out", str(tmp_path / "o"),
+    args = parser.parse_args(["--model", str(llama_dir), "--benchmarks", "mmlu_pro", "--out", str(tmp_path / "o"),
                               "--data-dir", str(no_val), "--num-shots", "0", "--max-new-tokens", "2", "--no-progress"])
     report = runner.run_eval_from_args(args)
-    assert report["tasks"]["mmlu_pro"]["total"] == len(MMLU_TEST_IDS)
+    assert report["benchmarks"]["mmlu_pro"]["total"] == len(MMLU_TEST_IDS)
     assert {r["shots"] for r in json.loads((tmp_path / "o" / "results.mmlu_pro.json").read_text())} == {0}
     with pytest.raises(DataUnavailableError, match=r"no 'validation' data file .*--num-shots 0"):
-        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o1", data_dir=no_val, num_shots=1)
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o1", EvalConfig(data_dir=no_val, num_shots=1))
     with pytest.raises(ConfigError, match="num_shots must be >= 0"):
-        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o2", data_dir=no_val, num_shots=-1)
+        EvalConfig(data_dir=no_val, num_shots=-1)
