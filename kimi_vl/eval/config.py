@@ -2,7 +2,7 @@
 
 Every field of `EvalConfig` is a command-line option named after it (`num_shots` -> `--num-shots`; booleans get a
 `--no-` form, e.g. `--no-progress`), its help taken from the class docstring's `Attributes:` line, as for the
-`kimi-vl train` options (`kimi_vl.training.config`, whose `attribute_docs`, `coerce` and `flag` do the work here).
+`kimi-vl train` options (`kimi_vl.options` builds both).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..training.config import attribute_docs, coerce, flag
+from ..options import add_dataclass_options, attribute_docs, coerce
 from . import mmlu_pro as mp
 
 PROXY_SEED = 90_210
@@ -101,16 +101,9 @@ class EvalConfig:
 
 def add_config_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     """One option per `EvalConfig` field; only the given ones reach the namespace (see `config_from_args`)."""
-    docs = attribute_docs(EvalConfig)
-    hints = typing.get_type_hints(EvalConfig)
-    for f in dataclasses.fields(EvalConfig):
-        text = docs[f.name] if f.default is None else f"{docs[f.name].rstrip('.')} (default: {f.default})."
-        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS, "help": text.replace("%", "%%")}
-        if hints[f.name] is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        if "choices" in f.metadata:
-            kwargs["choices"] = f.metadata["choices"]
-        parser.add_argument(flag(f.name, f), **kwargs)
+    docs = {f.name: (text if f.default is None else f"{text.rstrip('.')} (default: {f.default}).")
+            for f in dataclasses.fields(EvalConfig) for text in [attribute_docs(EvalConfig)[f.name]]}
+    add_dataclass_options(parser, list(dataclasses.fields(EvalConfig)), typing.get_type_hints(EvalConfig), docs)
 
 
 def config_from_args(args: argparse.Namespace) -> EvalConfig:

@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
-import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +25,7 @@ from typing import Any
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
+from ..options import add_dataclass_options, attribute_docs, coerce, flag
 from .presets import get_preset
 from .rl import RLConfig
 from .trainer import TrainConfig
@@ -75,90 +74,6 @@ def stage_fields(stage: str) -> dict[str, tuple[str, dataclasses.Field]]:
     return out
 
 
-def attribute_docs(cls: type) -> dict[str, str]:
-    """`name -> description` from a class docstring's `Attributes:` section."""
-    doc = cls.__doc__ or ""
-    if "Attributes:" not in doc:
-        return {}
-    out: dict[str, str] = {}
-    name = None
-    for line in doc.split("Attributes:", 1)[1].splitlines():
-        m = re.match(r"^\s{8}(\w+(?:, \w+)*):\s*(.*)$", line)
-        if m:
-            names = m.group(1).split(", ")
-            for n in names:
-                out[n] = m.group(2).strip()
-            name = names
-        elif name and line.startswith(" " * 12) and line.strip():
-            for n in name:
-                out[n] += " " + line.strip()
-        elif line.strip() == "":
-            continue
-        else:
-            name = None
-    return out
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls)
-
-
-def _optional(hint: Any) -> tuple[Any, bool]:
-    """`(inner type, whether None is allowed)` of a type hint."""
-    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        return (args[0] if len(args) == 1 else hint), len(args) < len(typing.get_args(hint))
-    return hint, False
-
-
-def _scalar(text: str, kind: type, name: str) -> Any:
-    if kind is bool:
-        low = text.strip().lower()
-        if low in ("1", "true", "yes", "on"):
-            return True
-        if low in ("0", "false", "no", "off"):
-            return False
-        raise ConfigError(f"{name}: {text!r} is not a boolean (true/false).")
-    try:
-        return kind(text)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{name}: {text!r} is not a valid {kind.__name__}.") from exc
-
-
-def coerce(value: Any, hint: Any, name: str) -> Any:
-    """`value` (from a config file or the command line) as the field's type: numbers from strings, "none" for an
-    optional field, lists from a string of comma-separated items, `{str: float}` dicts from `k=v,k=v`."""
-    kind, optional = _optional(hint)
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
-        if not optional:
-            raise ConfigError(f"{name} cannot be none.")
-        return None
-    origin = typing.get_origin(kind)
-    if origin is list:
-        (item,) = typing.get_args(kind)
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, (list, tuple)):
-            raise ConfigError(f"{name} must be a list, got {value!r}.")
-        return [coerce(v.strip() if isinstance(v, str) else v, item, name) for v in items]
-    if origin is dict:
-        _, item = typing.get_args(kind)
-        if isinstance(value, str):
-            pairs = [p.partition("=") for p in value.split(",") if p.strip()]
-            if any(not sep for _, sep, _ in pairs):
-                raise ConfigError(f"{name}: write key=value pairs separated by commas, got {value!r}.")
-            value = {k.strip(): v for k, _, v in pairs}
-        if not isinstance(value, dict):
-            raise ConfigError(f"{name} must be a mapping, got {value!r}.")
-        return {str(k): coerce(v, item, f"{name}.{k}") for k, v in value.items()}
-    if isinstance(value, str):
-        return _scalar(value, kind, name)
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}.")
-    return value
-
-
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The flat settings of a YAML or JSON file (`train` / `data` / `rl` sections flattened; `stage` ignored;
     `preset` and `seed` kept)."""
@@ -205,7 +120,7 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
         section, f = fields[name]
         if "split" in f.metadata and isinstance(value, (list, tuple)):  # --tasks text,vision
             value = [item for v in value for item in (v.split(f.metadata["split"]) if isinstance(v, str) else [v])]
-        changes[section][name] = coerce(value, _hints(SECTIONS[section])[name], name)
+        changes[section][name] = coerce(value, typing.get_type_hints(SECTIONS[section])[name], name)
     resolved = {k: (dataclasses.replace(v, **changes[k]) if v is not None else None) for k, v in sections.items()}
     return RunConfig(stage, preset, int(seed), resolved["train"], resolved["data"], resolved["rl"])
 
@@ -219,24 +134,15 @@ def write_run_config(config: RunConfig, out_dir: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------------ command line
-def flag(name: str, f: dataclasses.Field) -> str:
-    return f.metadata.get("flag", "--" + name.replace("_", "-"))
-
-
 def add_stage_options(parser: argparse.ArgumentParser, stage: str) -> None:
-    """One option per setting of `stage` (defaults left to the preset: only given options reach the namespace)."""
-    docs = {section: attribute_docs(cls) for section, cls in SECTIONS.items()}
-    groups = {s: parser.add_argument_group(f"{s} settings") for s in SECTIONS}
-    for name, (section, f) in stage_fields(stage).items():
-        kind, _ = _optional(_hints(SECTIONS[section])[name])
-        kwargs: dict[str, Any] = {"dest": name, "default": argparse.SUPPRESS, "help": docs[section].get(name, "")}
-        if kind is bool:
-            kwargs["action"] = argparse.BooleanOptionalAction
-        elif typing.get_origin(kind) is list:
-            kwargs.update(action="append", metavar="VALUE")
-        else:
-            kwargs["metavar"] = {int: "N", float: "X"}.get(kind, "VALUE")
-        groups[section].add_argument(flag(name, f), **kwargs)
+    """One option per setting of `stage` in a group per section (defaults left to the preset: only given options
+    reach the namespace)."""
+    fields = stage_fields(stage)
+    for section, cls in SECTIONS.items():
+        chosen = [f for _, (s, f) in fields.items() if s == section]
+        if chosen:
+            add_dataclass_options(parser.add_argument_group(f"{section} settings"), chosen,
+                                  typing.get_type_hints(cls), attribute_docs(cls))
 
 
 def stage_overrides(args: argparse.Namespace, stage: str) -> dict[str, Any]:
@@ -244,5 +150,5 @@ def stage_overrides(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     return {name: getattr(args, name) for name in stage_fields(stage) if hasattr(args, name)}
 
 
-__all__ = ["RUN_CONFIG", "STAGES", "RunConfig", "add_stage_options", "attribute_docs", "coerce",
-           "load_config_file", "resolve", "stage_fields", "stage_overrides", "write_run_config"]
+__all__ = ["RUN_CONFIG", "STAGES", "RunConfig", "add_stage_options", "load_config_file", "resolve", "stage_fields",
+           "stage_overrides", "write_run_config"]

@@ -1,0 +1,122 @@
+"""Typed settings as command-line options: a dataclass's fields become `argparse` options, their help taken from
+the class docstring's `Attributes:` section, their values coerced to the field types. `kimi-vl train` (the training
+`TrainConfig`, `DataConfig`, `RLConfig`) and `kimi-vl eval` (`EvalConfig`) build their options with it."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import re
+import types
+import typing
+from typing import Any
+
+from .errors import ConfigError
+
+
+def attribute_docs(cls: type) -> dict[str, str]:
+    """`name -> description` from a class docstring's `Attributes:` section."""
+    doc = cls.__doc__ or ""
+    if "Attributes:" not in doc:
+        return {}
+    out: dict[str, str] = {}
+    name = None
+    for line in doc.split("Attributes:", 1)[1].splitlines():
+        m = re.match(r"^\s{8}(\w+(?:, \w+)*):\s*(.*)$", line)
+        if m:
+            names = m.group(1).split(", ")
+            for n in names:
+                out[n] = m.group(2).strip()
+            name = names
+        elif name and line.startswith(" " * 12) and line.strip():
+            for n in name:
+                out[n] += " " + line.strip()
+        elif line.strip() == "":
+            continue
+        else:
+            name = None
+    return out
+
+
+def optional_type(hint: Any) -> tuple[Any, bool]:
+    """`(inner type, whether None is allowed)` of a type hint."""
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        return (args[0] if len(args) == 1 else hint), len(args) < len(typing.get_args(hint))
+    return hint, False
+
+
+def _scalar(text: str, kind: type, name: str) -> Any:
+    if kind is bool:
+        low = text.strip().lower()
+        if low in ("1", "true", "yes", "on"):
+            return True
+        if low in ("0", "false", "no", "off"):
+            return False
+        raise ConfigError(f"{name}: {text!r} is not a boolean (true/false).")
+    try:
+        return kind(text)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{name}: {text!r} is not a valid {kind.__name__}.") from exc
+
+
+def coerce(value: Any, hint: Any, name: str) -> Any:
+    """`value` (from a config file or the command line) as the field's type: numbers from strings, "none" for an
+    optional field, lists from a string of comma-separated items, `{str: float}` dicts from `k=v,k=v`."""
+    kind, optional = optional_type(hint)
+    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
+        if not optional:
+            raise ConfigError(f"{name} cannot be none.")
+        return None
+    origin = typing.get_origin(kind)
+    if origin is list:
+        (item,) = typing.get_args(kind)
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, (list, tuple)):
+            raise ConfigError(f"{name} must be a list, got {value!r}.")
+        return [coerce(v.strip() if isinstance(v, str) else v, item, name) for v in items]
+    if origin is dict:
+        _, item = typing.get_args(kind)
+        if isinstance(value, str):
+            pairs = [p.partition("=") for p in value.split(",") if p.strip()]
+            if any(not sep for _, sep, _ in pairs):
+                raise ConfigError(f"{name}: write key=value pairs separated by commas, got {value!r}.")
+            value = {k.strip(): v for k, _, v in pairs}
+        if not isinstance(value, dict):
+            raise ConfigError(f"{name} must be a mapping, got {value!r}.")
+        return {str(k): coerce(v, item, f"{name}.{k}") for k, v in value.items()}
+    if isinstance(value, str):
+        return _scalar(value, kind, name)
+    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}.")
+    return value
+
+
+def flag(name: str, f: dataclasses.Field) -> str:
+    return f.metadata.get("flag", "--" + name.replace("_", "-"))
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+                          fields: list[dataclasses.Field], hints: dict[str, Any], docs: dict[str, str]) -> None:
+    """One option per field (`flag`): `--x/--no-x` for booleans, repeatable for lists, `N` / `X` / `VALUE`
+    placeholders; the default is left out of the namespace (only given options reach it), `choices` metadata is
+    passed on, and the help is the field's `docs` entry."""
+    for f in fields:
+        kind, _ = optional_type(hints[f.name])
+        kwargs: dict[str, Any] = {"dest": f.name, "default": argparse.SUPPRESS,
+                                  "help": docs.get(f.name, "").replace("%", "%%")}
+        if kind is bool:
+            kwargs["action"] = argparse.BooleanOptionalAction
+        elif typing.get_origin(kind) is list:
+            kwargs.update(action="append", metavar="VALUE")
+        else:
+            kwargs["metavar"] = {int: "N", float: "X"}.get(kind, "VALUE")
+        if "choices" in f.metadata:
+            kwargs["choices"] = f.metadata["choices"]
+            kwargs.pop("metavar", None)
+        parser.add_argument(flag(f.name, f), **kwargs)
+
+
+__all__ = ["add_dataclass_options", "attribute_docs", "coerce", "flag", "optional_type"]
