@@ -1,9 +1,6 @@
-"""`KimiVLForConditionalGeneration`: early fusion of MoonViT-3D media tokens into the Kimi text backbone.
-
-Images and video chunks are encoded by MoonViT-3D (one packed pass), merged 2x2 (video chunks also averaged over
-up to 4 frames), projected to the text width, and written over the embeddings of their placeholder tokens
-(`image_token_id` / `video_token_id`) of the one shared sequence, in order; the backbone then sees text and
-media tokens alike. Media are encoded at prefill only: decode steps carry no pixels and use the cache.
+"""`KimiVLForConditionalGeneration`: MoonViT-3D, its projector and the Kimi text backbone, fused early
+(`kimi_vl.fusion`): media tokens are written over their placeholders in the one shared sequence, so the backbone
+sees text and media tokens alike. Media are encoded at prefill only: decode steps carry no pixels and use the cache.
 """
 
 from __future__ import annotations
@@ -14,25 +11,11 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration import KimiVLConfig
-from .errors import InvalidMediaError, ShapeError
+from .errors import ShapeError
+from .fusion.embedding import fuse_media, media_tokens
 from .text import KimiHybridCache, KimiTextForCausalLM
 from .text.cache import HybridCacheGenerationMixin
 from .vision import MoonViTModel, MoonViTProjector
-
-
-def scatter_media(
-    embeds: torch.Tensor, input_ids: torch.Tensor, token_id: int, features: torch.Tensor, kind: str
-) -> torch.Tensor:
-    """Write `features [N, hidden]` over the embeddings `[B, T, hidden]` at the N positions where
-    `input_ids == token_id` (row-major order); raise `InvalidMediaError` naming both counts on a mismatch."""
-    mask = input_ids == token_id
-    n = int(mask.sum())
-    if n != features.shape[0]:
-        raise InvalidMediaError(
-            f"the text has {n} {kind} placeholder tokens but the {kind}s give {features.shape[0]} {kind} tokens; "
-            f"build inputs with KimiVLProcessor, which expands one placeholder per {kind} into the right count."
-        )
-    return embeds.masked_scatter(mask[..., None], features.to(embeds.dtype))
 
 
 class KimiVLPreTrainedModel(PreTrainedModel):
@@ -79,9 +62,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
 
     def media_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """Merged, projected media tokens `[num_merged, text_hidden]` for images or video chunks."""
-        vision_dtype = self.vision_tower.patch_embed.proj.weight.dtype
-        merged = self.vision_tower(pixel_values.to(vision_dtype), grid_thw).pooler_output
-        return self.multi_modal_projector(merged)
+        return media_tokens(self.vision_tower, self.multi_modal_projector, pixel_values, grid_thw)
 
     def get_image_features(self, pixel_values: torch.Tensor, image_grid_thw: torch.Tensor) -> torch.Tensor:
         return self.media_features(pixel_values, image_grid_thw)
@@ -99,19 +80,9 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
     ) -> torch.Tensor:
         """Token embeddings `[B, T, hidden]` with the media tokens written over their placeholders (placeholder ids
         are never looked up: they may lie outside the vocabulary)."""
-        placeholders = (input_ids == self.config.image_token_id) | (input_ids == self.config.video_token_id)
-        embeds = self.get_input_embeddings()(input_ids.masked_fill(placeholders, 0))
-        media = [("image", pixel_values, image_grid_thw, self.config.image_token_id),
-                 ("video", pixel_values_videos, video_grid_thw, self.config.video_token_id)]
-        for kind, pixels, grid, token_id in media:
-            if pixels is None:
-                features = embeds.new_zeros(0, embeds.shape[-1])
-            elif grid is None:
-                raise ShapeError(f"{kind} pixels were given without their grid ({kind}_grid_thw).")
-            else:
-                features = self.media_features(pixels, grid)
-            embeds = scatter_media(embeds, input_ids, token_id, features, kind)
-        return embeds
+        media = [(self.config.image_token_id, pixel_values, image_grid_thw),
+                 (self.config.video_token_id, pixel_values_videos, video_grid_thw)]
+        return fuse_media(self.get_input_embeddings(), input_ids, media, self.media_features)
 
     def forward(
         self,

@@ -1,20 +1,10 @@
 """`KimiVLProcessor`: tokenizer + MoonViT image and video processors + Kimi's chat template.
 
-Placeholder expansion (one placeholder id per merged vision token, in the order of the vision features):
-- each `<|media_pad|>` of the text, in order, stands for the next image and becomes
-  `prod(image_grid_thw[i]) // merge_size**2` copies of `<|media_pad|>` (the chat template already wraps it as
-  `<|media_start|>image<|media_content|><|media_pad|><|media_end|>`);
-- each `<|kimi_k25_video_placeholder|>`, in order, stands for the next video and becomes, for every temporal chunk
-  `c` of that video (rows of `video_grid_thw`, `temporal_patch_size` frames each, the last one possibly shorter):
-  `HH:MM:SS.mmm<|media_start|>video<|media_content|>` + `<|kimi_k25_video_placeholder|>` x `h_c * w_c //
-  merge_size**2` + `<|media_end|>`, where the timestamp is that of the chunk's first frame. This is the structure
-  of transformers' `Kimi_K25Processor` (with Kimi-VL's `<|media_start|>` in place of its `<|media_begin|>`). Video
-  tokens keep their own id (`video_token_id`), distinct from the image id (`image_token_id`, `<|media_pad|>`), so
-  the model scatters image and video features independently (`KimiVLConfig.image_token_id` / `video_token_id`
-  must be the tokenizer's ids of these two tokens).
-  Timestamps are `frame_index / fps` from the video metadata: exact for video files (decoded with decord) and for
-  decoded frames passed with `video_metadata`. Decoded frames without metadata have no known times: the chunk
-  timestamps then assume consecutive frames at `ASSUMED_FPS` (24, transformers' fallback) and a warning says so.
+Placeholder expansion: each `<|media_pad|>` of the text stands for the next image and each
+`<|kimi_k25_video_placeholder|>` for the next video, expanded by `kimi_vl.fusion.placeholders` into one placeholder
+id per merged vision token (videos: a timestamped media block per temporal chunk), in the order of the vision
+features the model writes over them (`kimi_vl.fusion.embedding`). `KimiVLConfig.image_token_id` / `video_token_id`
+must be the tokenizer's ids of these two tokens.
 
 Images and videos count over the whole batch: the number of `<|media_pad|>` in the (unexpanded) texts must equal the
 number of images, and the number of video placeholders the number of videos; otherwise `InvalidMediaError` names
@@ -28,7 +18,6 @@ paths, `file://` URLs, PIL images, numpy arrays, and decoded video frames; never
 from __future__ import annotations
 
 import os
-import time
 from typing import Any
 
 import numpy as np
@@ -36,11 +25,12 @@ import torch
 from transformers import BatchFeature
 from transformers.processing_utils import MultiModalData, ProcessorMixin
 from transformers.utils import logging
-from transformers.video_utils import VideoMetadata, make_batched_videos
+from transformers.video_utils import make_batched_videos
 
 from .errors import ConfigError, InvalidMediaError
-from .fusion.chat_template import CHAT_TEMPLATE
-from .fusion.tokenizer import (
+from .fusion.placeholders import frame_times, image_placeholders, video_placeholders
+from .tokenization.chat_template import CHAT_TEMPLATE
+from .tokenization.special_tokens import (
     DOC_EOS,
     IM_ASSISTANT,
     IM_END,
@@ -53,17 +43,6 @@ from .fusion.tokenizer import (
 )
 
 logger = logging.get_logger(__name__)
-
-ASSUMED_FPS = 24.0
-"""Frame rate assumed for chunk timestamps of decoded frames passed without `video_metadata`."""
-
-
-def format_timestamp(seconds: float) -> str:
-    """`HH:MM:SS.mmm` (milliseconds truncated), the chunk timestamp written before each video chunk."""
-    seconds = max(0.0, float(seconds))
-    millis = int(seconds * 1000)
-    return time.strftime("%H:%M:%S", time.gmtime(millis // 1000)) + f".{millis % 1000:03d}"
-
 
 def _fspath_videos(videos: Any) -> Any:
     """`os.PathLike` entries (nested lists allowed) as `str`, which transformers' video helpers understand."""
@@ -106,9 +85,9 @@ class KimiVLProcessor(ProcessorMixin):
 
     Args:
         image_processor: a `MoonViTImageProcessor`.
-        tokenizer: a fast tokenizer holding Kimi's special tokens (e.g. from `kimi_vl.fusion.build_tokenizer`).
+        tokenizer: a fast tokenizer holding Kimi's special tokens (e.g. from `kimi_vl.tokenization.build_tokenizer`).
         video_processor: a `MoonViTVideoProcessor`.
-        chat_template: Jinja chat template; defaults to the tokenizer's, else `kimi_vl.fusion.CHAT_TEMPLATE`.
+        chat_template: Jinja chat template; defaults to the tokenizer's, else `kimi_vl.tokenization.CHAT_TEMPLATE`.
     """
 
     videos_kwargs = {"return_metadata": True}  # the timestamps of video chunks come from the metadata
@@ -130,8 +109,8 @@ class KimiVLProcessor(ProcessorMixin):
         missing = [t for t in (MEDIA_PAD, VIDEO_PLACEHOLDER, MEDIA_START, MEDIA_CONTENT, MEDIA_END) if t not in vocab]
         if missing:
             raise ConfigError(
-                f"the tokenizer lacks Kimi's media tokens {missing}; build it with kimi_vl.fusion.build_tokenizer "
-                "or add them as special tokens."
+                f"the tokenizer lacks Kimi's media tokens {missing}; build it with "
+                "kimi_vl.tokenization.build_tokenizer or add them as special tokens."
             )
         self.image_token_id = tokenizer.convert_tokens_to_ids(MEDIA_PAD)
         self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PLACEHOLDER)
@@ -179,49 +158,19 @@ class KimiVLProcessor(ProcessorMixin):
         # video processor reads them with decord.
         return super()._process_videos(make_batched_videos(videos), **kwargs)
 
-    # ------------------------------------------------------------------ placeholder expansion
+    # ------------------------------------------------------------------ placeholder expansion (kimi_vl.fusion)
     def replace_image_token(self, image_inputs: dict, image_idx: int, **kwargs: Any) -> str:
-        """`<|media_pad|>` x `prod(grid) // merge**2` for image `image_idx`."""
         merge = kwargs.get("merge_size") or self.image_processor.merge_size
-        grid = image_inputs["image_grid_thw"][image_idx]
-        return self.image_token * (int(torch.as_tensor(grid).prod()) // merge**2)
+        return image_placeholders(image_inputs["image_grid_thw"][image_idx], self.image_token, merge)
 
     def replace_video_token(self, video_inputs: dict, video_idx: int, **kwargs: Any) -> str:
-        """Per temporal chunk of video `video_idx`: timestamp + media block with one video placeholder per merged
-        token of the chunk."""
         merge = kwargs.get("merge_size") or self.video_processor.merge_size
         chunk_len = kwargs.get("temporal_patch_size") or self.video_processor.temporal_patch_size
         counts = [int(c) for c in video_inputs["num_chunks_per_video"]]
         start = sum(counts[:video_idx])
         grids = torch.as_tensor(video_inputs["video_grid_thw"])[start : start + counts[video_idx]]
-        frames_in_video = int(grids[:, 0].sum())
-        times = self._frame_times(video_inputs.get("video_metadata"), video_idx, frames_in_video)
-        parts = []
-        for c, (_, h, w) in enumerate(grids.tolist()):
-            pads = self.video_token * (h * w // merge**2)
-            parts.append(f"{format_timestamp(times[c * chunk_len])}{MEDIA_START}video{MEDIA_CONTENT}{pads}{MEDIA_END}")
-        return "".join(parts)
-
-    @staticmethod
-    def _frame_times(metadata: Any, video_idx: int, num_frames: int) -> list[float]:
-        """Seconds of each processed frame of video `video_idx` (`frame_index / fps`; see the module docstring)."""
-        meta = None
-        if isinstance(metadata, (list, tuple)) and video_idx < len(metadata):
-            meta = metadata[video_idx]
-        elif isinstance(metadata, (VideoMetadata, dict)) and video_idx == 0:
-            meta = metadata
-        fps = meta.get("fps") if meta is not None else None
-        indices = meta.get("frames_indices") if meta is not None else None
-        if indices is None or len(indices) != num_frames:
-            indices = list(range(num_frames))
-        if not fps:
-            logger.warning_once(
-                f"video {video_idx} has no frame rate in its metadata (decoded frames passed without "
-                f"`video_metadata`?): its chunk timestamps assume {ASSUMED_FPS:g} fps. Pass `video_metadata` with "
-                "`fps` (and `frames_indices`) for true timestamps."
-            )
-            fps = ASSUMED_FPS
-        return [float(i) / float(fps) for i in np.asarray(indices).tolist()]
+        times = frame_times(video_inputs.get("video_metadata"), video_idx, int(grids[:, 0].sum()))
+        return video_placeholders(grids, times, self.video_token, merge, chunk_len)
 
     def _get_num_multimodal_tokens(self, image_sizes=None, video_sizes=None, **kwargs: Any) -> MultiModalData:
         """Placeholder counts for images of `(height, width)` and videos of `(num_frames, height, width)`."""
@@ -273,4 +222,4 @@ class KimiVLProcessor(ProcessorMixin):
         return answers[0] if single else answers
 
 
-__all__ = ["ASSUMED_FPS", "KimiVLProcessor", "format_timestamp"]
+__all__ = ["KimiVLProcessor"]

@@ -22,10 +22,10 @@ from kimi_vl.cli import main
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.errors import CheckpointError, KimiVLError
 from kimi_vl.export import ENTRY_MODULE, add_remote_code, export_remote_code, generate_modules, rewrite_imports
-from kimi_vl.fusion import build_tokenizer
 from kimi_vl.modeling import KimiVLForConditionalGeneration
 from kimi_vl.processing import KimiVLProcessor
 from kimi_vl.text import KimiTextConfig
+from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 
 WORDS = "the a cat dog sees red blue green square circle how many is what describe video image".split()

@@ -8,7 +8,7 @@ from PIL import Image
 from transformers import pipeline
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
-from kimi_vl.fusion import IM_END
+from kimi_vl.tokenization import IM_END
 from tests.test_export import tiny_model, tiny_processor
 
 

@@ -14,9 +14,10 @@ from transformers import AutoProcessor
 
 import kimi_vl
 from kimi_vl.errors import ConfigError, InvalidMediaError
-from kimi_vl.fusion import CHAT_TEMPLATE, IM_END, MEDIA_PAD, VIDEO_PLACEHOLDER, build_tokenizer
-from kimi_vl.fusion.chat_template import IMAGE_PROMPT
-from kimi_vl.processing import KimiVLProcessor, format_timestamp
+from kimi_vl.fusion import format_timestamp
+from kimi_vl.processing import KimiVLProcessor
+from kimi_vl.tokenization import CHAT_TEMPLATE, IM_END, MEDIA_PAD, VIDEO_PLACEHOLDER, build_tokenizer
+from kimi_vl.tokenization.chat_template import IMAGE_PROMPT
 from kimi_vl.vision import MoonViTImageProcessor, MoonViTVideoProcessor
 
 WORDS = "the a cat dog sees red blue green square circle how many is what describe video image".split()

@@ -32,7 +32,7 @@ import random
 from typing import Any
 
 from ..errors import ConfigError
-from ..fusion.chat_template import KIMI_DEFAULT_SYSTEM_PROMPT
+from ..tokenization.chat_template import KIMI_DEFAULT_SYSTEM_PROMPT
 from .screencast import page_html, random_page
 from .world import (
     COLORS,

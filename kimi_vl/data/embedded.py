@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ConfigError
-from ..fusion.tokenizer import BOS, DOC_EOS, MEDIA_PAD, VIDEO_PLACEHOLDER
+from ..tokenization.special_tokens import BOS, DOC_EOS, MEDIA_PAD, VIDEO_PLACEHOLDER
 from .chats import sft_conversation
 from .corpus import stdlib_window
 from .encode import (

@@ -35,8 +35,8 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InvalidMediaError, ShapeError
-from ..fusion.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
-from ..fusion.tokenizer import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE
+from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
+from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE
 from .world import Sample, sample_text
 
 IGNORE_INDEX = -100
@@ -100,7 +100,7 @@ def special_ids(tokenizer: Any, tokens: Sequence[str]) -> list[int]:
     missing = [t for t, i in zip(tokens, ids) if i is None or (unk is not None and i == unk)]
     if missing:
         raise ConfigError(f"the tokenizer lacks the special tokens {missing}; build it with "
-                          "kimi_vl.fusion.build_tokenizer.")
+                          "kimi_vl.tokenization.build_tokenizer.")
     return ids
 
 
@@ -120,7 +120,8 @@ def end_token_ids(tokenizer: Any) -> list[int]:
     if tok.eos_token_id is not None and tok.eos_token_id not in ids:
         ids.append(tok.eos_token_id)
     if not ids:
-        raise ConfigError("the tokenizer has no end token (<|im_end|>); build it with kimi_vl.fusion.build_tokenizer.")
+        raise ConfigError("the tokenizer has no end token (<|im_end|>); build it with "
+                          "kimi_vl.tokenization.build_tokenizer.")
     return ids
 
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import BadRecordError, ConfigError, InvalidMediaError
-from ..fusion.tokenizer import SPECIAL_TOKENS
+from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision.media import load_image
 from .encode import Media, Prompt
 

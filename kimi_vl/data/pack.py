@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InvalidMediaError
-from ..fusion.tokenizer import MEDIA_PAD, MEDIA_START, PAD, SPECIAL_TOKENS, VIDEO_PLACEHOLDER
+from ..tokenization.special_tokens import MEDIA_PAD, MEDIA_START, PAD, SPECIAL_TOKENS, VIDEO_PLACEHOLDER
 from .encode import IGNORE_INDEX, MEDIA_KEYS, Document, special_ids
 
 

@@ -35,17 +35,17 @@ from typing import Any
 import numpy as np
 import torch
 from PIL import Image
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
 from ..data.world import SCREENCAST_QUESTION
-from ..errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
+from ..errors import CheckpointError, ConfigError, InvalidMediaError
+from ..eval.generation import StopOnStrings, eos_token_ids
 from ..vision.media import VideoFrames, load_video
 from .html_repair import repair_html
 
 __all__ = [
     "DEFAULT_MAX_VIDEO_TOKENS",
-    "StopOnText",
     "Video2WebResult",
     "add_video2web_parser",
     "build_prompt",
@@ -91,58 +91,31 @@ class Video2WebResult:
 
 
 # ----------------------------------------------------------------------------------------------------- model
-def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: torch.dtype | None = None):
-    """Load `(model, processor)` from a saved Kimi-VL directory, checking that it can read videos.
+def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32"):
+    """Load `(model, processor)` from a saved Kimi-VL directory (`kimi_vl.eval.generation.Engine.from_pretrained`),
+    checking that it can read videos.
 
     Raises:
         CheckpointError: the directory or its config / weights / processor files are missing or unreadable.
         ConfigError: the model has no vision encoder, or the processor no video processor.
     """
-    from ..modeling import KimiVLForConditionalGeneration
-    from ..processing import KimiVLProcessor
+    from ..eval.generation import Engine
 
     path = Path(model_dir)
-    if not path.is_dir():
-        raise CheckpointError(
-            f"model directory {str(path)!r} does not exist; pass the directory a training stage wrote "
-            "(e.g. `kimi-vl train sft --out DIR`) or a model saved with save_pretrained."
-        )
     config_file = path / "config.json"
-    if not config_file.is_file():
-        raise CheckpointError(f"{str(path)!r} has no config.json: it is not a saved model directory; pass the "
-                              "directory written by save_pretrained or a training stage.")
     try:
-        config = json.loads(config_file.read_text())
+        config = json.loads(config_file.read_text()) if config_file.is_file() else {}
     except (OSError, ValueError) as exc:
         raise CheckpointError(f"{str(config_file)!r} is not readable JSON ({exc}); re-save the model.") from exc
-    model_type = config.get("model_type") if isinstance(config, dict) else None
-    if model_type != "kimi_vl" or not isinstance(config.get("vision_config"), dict):
+    if config and (config.get("model_type") != "kimi_vl" or not isinstance(config.get("vision_config"), dict)):
         raise ConfigError(
-            f"the model in {str(path)!r} (model_type {model_type!r}) has no vision encoder, so it cannot read a "
-            "video; use a Kimi-VL model (model_type 'kimi_vl', e.g. from `kimi-vl train pretrain`)."
-        )
-    try:
-        processor = KimiVLProcessor.from_pretrained(str(path))
-    except KimiVLError:
-        raise
-    except (OSError, ValueError, TypeError, KeyError) as exc:
-        raise CheckpointError(
-            f"cannot load the processor / tokenizer from {str(path)!r} ({type(exc).__name__}: {exc}); save it "
-            "next to the model with processor.save_pretrained(DIR)."
-        ) from exc
-    if getattr(processor, "video_processor", None) is None:
+            f"the model in {str(path)!r} (model_type {config.get('model_type')!r}) has no vision encoder, so it "
+            "cannot read a video; use a Kimi-VL model (model_type 'kimi_vl', e.g. from `kimi-vl train pretrain`).")
+    engine = Engine.from_pretrained(path, device=str(device), dtype=dtype)
+    if getattr(engine.processor, "video_processor", None) is None:
         raise ConfigError(f"the processor in {str(path)!r} has no video processor; save a KimiVLProcessor built "
                           "with a MoonViTVideoProcessor.")
-    try:
-        model = KimiVLForConditionalGeneration.from_pretrained(str(path), dtype=dtype)
-    except KimiVLError:
-        raise
-    except (OSError, ValueError, RuntimeError, KeyError) as exc:
-        raise CheckpointError(
-            f"cannot load the model weights from {str(path)!r} ({type(exc).__name__}: {exc}); check that "
-            "model.safetensors is complete (re-save or re-download it)."
-        ) from exc
-    return model.to(device).eval(), processor
+    return engine.model.eval(), engine.processor
 
 
 # ----------------------------------------------------------------------------------------------------- video
@@ -225,32 +198,6 @@ def _model_inputs(processor: Any, clip: VideoFrames) -> dict[str, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------------------------------- generation
-class StopOnText(StoppingCriteria):
-    """Stop a sequence once its generated text contains `stop` (checked on the decoded tail, so the stop string
-    may span several tokens). Returns a `[batch]` bool tensor."""
-
-    def __init__(self, tokenizer: Any, stop: str, prompt_length: int) -> None:
-        self.tokenizer = tokenizer
-        self.stop = stop
-        self.prompt_length = prompt_length
-        self.window = len(stop) + 2  # every token decodes to >= 1 character (special tokens are skipped)
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor, **kwargs: Any) -> torch.BoolTensor:
-        start = max(self.prompt_length, input_ids.shape[1] - self.window)
-        tails = self.tokenizer.batch_decode(input_ids[:, start:], skip_special_tokens=True)
-        return torch.tensor([self.stop in t for t in tails], dtype=torch.bool, device=input_ids.device)
-
-
-def _stop_ids(processor: Any, model: Any) -> list[int]:
-    from ..fusion.tokenizer import DOC_EOS, IM_END
-
-    tok = processor.tokenizer
-    ids = {tok.convert_tokens_to_ids(IM_END), tok.convert_tokens_to_ids(DOC_EOS)}
-    eos = model.generation_config.eos_token_id
-    ids.update(eos if isinstance(eos, list) else [eos] if eos is not None else [])
-    return sorted(i for i in ids if i is not None and i >= 0 and i != tok.unk_token_id)
-
-
 def generate_html(
     model: Any,
     processor: Any,
@@ -273,7 +220,7 @@ def generate_html(
     inputs = {k: v.to(device) for k, v in _model_inputs(processor, clip).items()}
     prompt_len = inputs["input_ids"].shape[1]
     video_tokens = int((inputs["input_ids"] == processor.video_token_id).sum())
-    stops = _stop_ids(processor, model)
+    stops = eos_token_ids(model, processor.tokenizer)
     kwargs: dict[str, Any] = dict(do_sample=do_sample)
     if do_sample:
         kwargs["temperature"] = temperature
@@ -281,7 +228,7 @@ def generate_html(
         out = model.generate(
             **inputs, max_new_tokens=max_new_tokens, eos_token_id=stops,
             pad_token_id=processor.tokenizer.pad_token_id,
-            stopping_criteria=StoppingCriteriaList([StopOnText(processor.tokenizer, HTML_END, prompt_len)]),
+            stopping_criteria=StoppingCriteriaList([StopOnStrings(processor.tokenizer, [HTML_END], prompt_len)]),
             **kwargs,
         )
     new = out[0, prompt_len:]

@@ -20,7 +20,9 @@ from typing import Any
 
 import torch
 
+from ..data.encode import end_token_ids
 from ..errors import CheckpointError, ConfigError
+from ..tokenization.special_tokens import IM_MIDDLE
 
 
 @dataclass
@@ -32,9 +34,9 @@ class GenerationRequest:
     image: Any = None  # a PIL image, or None
 
 
-class _StopOnStrings:
+class StopOnStrings:
     """Stopping criterion: a row is done once its new text contains one of `stops` (checked on a window of the
-    last tokens, so each step costs O(window))."""
+    last tokens, so each step costs O(window); a stop string may span several tokens). Returns `[batch]` bools."""
 
     def __init__(self, tokenizer: Any, stops: Sequence[str], prompt_len: int, window: int = 32) -> None:
         self.tokenizer, self.stops, self.prompt_len, self.window = tokenizer, tuple(stops), prompt_len, window
@@ -65,18 +67,17 @@ def first_line(text: str) -> str:
     return next((line.strip() for line in text.splitlines() if line.strip()), "")
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> list[int]:
+def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
+    """The ids that end a generation: the model's and the tokenizer's eos ids, and for Kimi tokenizers
+    `<|im_end|>` (the end of a chat turn) and `[EOS]` (the end of a raw document)."""
     ids: list[int] = []
     for source in (getattr(model, "generation_config", None), getattr(model, "config", None), tokenizer):
         value = getattr(source, "eos_token_id", None)
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, int) and v >= 0 and v not in ids:
                 ids.append(v)
-    # Kimi tokenizers: <|im_end|> ends a chat turn, [EOS] a raw document; both end a generation.
-    vocab = tokenizer.get_vocab()
-    for token in ("<|im_end|>", "[EOS]"):
-        if token in vocab and "<|im_middle|>" in vocab and vocab[token] not in ids:
-            ids.append(vocab[token])
+    if IM_MIDDLE in tokenizer.get_vocab():
+        ids += [i for i in end_token_ids(tokenizer) if i not in ids]
     return ids
 
 
@@ -103,7 +104,7 @@ class Engine:
                     f"the tokenizer of {self.name} has neither a pad nor an eos token; set tokenizer.pad_token."
                 )
             tok.pad_token = tok.eos_token
-        self.eos_token_ids = _eos_ids(self.model, tok)
+        self.eos_token_ids = eos_token_ids(self.model, tok)
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -130,6 +131,9 @@ class Engine:
         import kimi_vl  # noqa: F401 - registers the Kimi-VL Auto classes
 
         path = Path(model_dir)
+        if not path.is_dir():
+            raise CheckpointError(f"model directory {str(path)!r} does not exist; pass a folder written by "
+                                  "save_pretrained or a training stage.")
         if not (path / "config.json").is_file():
             raise CheckpointError(
                 f"{path} is not a saved model directory (no config.json); pass the folder written by "
@@ -244,7 +248,7 @@ class Engine:
             max_new_tokens=max_new_tokens, do_sample=False, num_beams=1,
             eos_token_id=self.eos_token_ids or None, pad_token_id=self.tokenizer.pad_token_id,
         )
-        criteria = StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, prompt_len)] if stop else [])
+        criteria = StoppingCriteriaList([StopOnStrings(self.tokenizer, stop, prompt_len)] if stop else [])
         training = self.model.training
         self.model.eval()
         try:

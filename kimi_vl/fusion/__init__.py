@@ -1,54 +1,13 @@
-"""Early fusion of vision and text: Kimi's special tokens, the byte-level BPE tokenizer builder and the chat
-template (prompt format)."""
+"""Early fusion: media become tokens of the one shared sequence.
 
-from .chat_template import (
-    ASSISTANT_HEADER,
-    CHAT_TEMPLATE,
-    IMAGE_PROMPT,
-    KIMI_DEFAULT_SYSTEM_PROMPT,
-    VIDEO_PROMPT,
-    render_chat,
-)
-from .tokenizer import (
-    BOS,
-    DOC_EOS,
-    IM_ASSISTANT,
-    IM_END,
-    IM_MIDDLE,
-    IM_SYSTEM,
-    IM_USER,
-    MEDIA_CONTENT,
-    MEDIA_END,
-    MEDIA_PAD,
-    MEDIA_START,
-    MIN_VOCAB_SIZE,
-    PAD,
-    SPECIAL_TOKENS,
-    VIDEO_PLACEHOLDER,
-    build_tokenizer,
-)
+- `placeholders`: how many placeholder tokens stand for an image or a video (and the timestamped blocks of video
+  chunks); the processor expands the text with it.
+- `embedding`: media through the vision tower and the projector (`media_tokens`), written over their placeholders
+  (`scatter_media`, `fuse_media`); the model embeds its inputs with it.
+"""
 
-__all__ = [
-    "ASSISTANT_HEADER",
-    "BOS",
-    "CHAT_TEMPLATE",
-    "DOC_EOS",
-    "IMAGE_PROMPT",
-    "IM_ASSISTANT",
-    "IM_END",
-    "IM_MIDDLE",
-    "IM_SYSTEM",
-    "IM_USER",
-    "KIMI_DEFAULT_SYSTEM_PROMPT",
-    "MEDIA_CONTENT",
-    "MEDIA_END",
-    "MEDIA_PAD",
-    "MEDIA_START",
-    "MIN_VOCAB_SIZE",
-    "PAD",
-    "SPECIAL_TOKENS",
-    "VIDEO_PLACEHOLDER",
-    "VIDEO_PROMPT",
-    "build_tokenizer",
-    "render_chat",
-]
+from .embedding import fuse_media, media_tokens, scatter_media
+from .placeholders import format_timestamp, frame_times, image_placeholders, video_placeholders
+
+__all__ = ["format_timestamp", "frame_times", "fuse_media", "image_placeholders", "media_tokens", "scatter_media",
+           "video_placeholders"]

@@ -30,7 +30,7 @@ from transformers import LogitsProcessor, TopPLogitsWarper
 
 from ..data.encode import MEDIA_KEYS, encode_prompt, end_token_ids, left_pad, tokenizer_of
 from ..errors import ConfigError, ShapeError
-from ..fusion.tokenizer import MEDIA_PAD, VIDEO_PLACEHOLDER
+from ..tokenization.special_tokens import MEDIA_PAD, VIDEO_PLACEHOLDER
 from . import rewards as _rewards
 
 

@@ -33,11 +33,11 @@ from ..data.corpus import tokenizer_texts
 from ..data.world import TEXT_TASKS, VISION_TASKS, make_samples
 from ..errors import CheckpointError, ConfigError
 from ..export import add_remote_code
-from ..fusion import build_tokenizer
-from ..fusion.tokenizer import SPECIAL_TOKENS
 from ..modeling import KimiVLForConditionalGeneration
 from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
+from ..tokenization import build_tokenizer
+from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 from .config import RunConfig, resolve, write_run_config
 from .plots import plot_metrics, plot_rl_metrics
@@ -59,8 +59,8 @@ def load_tokenizer(path: str | Path) -> Any:
     missing = [t for t in SPECIAL_TOKENS if tok.convert_tokens_to_ids(t) in (None, unk)]
     if missing:
         raise ConfigError(f"the tokenizer in {path} lacks Kimi's special tokens {missing}; pass a kimi-vl "
-                          "checkpoint or a tokenizer made by kimi_vl.fusion.build_tokenizer, or leave --tokenizer out "
-                          "to train one on the data.")
+                          "checkpoint or a tokenizer made by kimi_vl.tokenization.build_tokenizer, or leave "
+                          "--tokenizer out to train one on the data.")
     return tok
 
 

@@ -3,8 +3,8 @@
 import pytest
 
 from kimi_vl.data.corpus import tokenizer_texts
-from kimi_vl.fusion import build_tokenizer
 from kimi_vl.processing import KimiVLProcessor
+from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.vision import MoonViTImageProcessor, MoonViTVideoProcessor
 
 

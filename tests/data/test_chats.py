@@ -6,7 +6,7 @@ import pytest
 
 from kimi_vl.data import assistant_mask, embedded_sft_stream, encode_chat
 from kimi_vl.data.chats import CODE_REQUEST, sft_conversations
-from kimi_vl.fusion.tokenizer import IM_ASSISTANT, IM_END, IM_MIDDLE, IM_SYSTEM, IM_USER, MEDIA_START
+from kimi_vl.tokenization.special_tokens import IM_ASSISTANT, IM_END, IM_MIDDLE, IM_SYSTEM, IM_USER, MEDIA_START
 
 SEQ, ROWS = 256, 4
 

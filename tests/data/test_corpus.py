@@ -7,7 +7,7 @@ import pytest
 
 from kimi_vl.data.corpus import stdlib_documents, stdlib_paths, tokenizer_texts
 from kimi_vl.errors import ConfigError
-from kimi_vl.fusion.tokenizer import SPECIAL_TOKENS
+from kimi_vl.tokenization.special_tokens import SPECIAL_TOKENS
 
 
 def test_stdlib_paths_sorted_and_filtered():

@@ -20,7 +20,8 @@ from kimi_vl.data import (
 from kimi_vl.data import embedded_pretrain_stream as pretrain_stream
 from kimi_vl.data.world import make_sample, sample_rng
 from kimi_vl.errors import ConfigError, ShapeError
-from kimi_vl.fusion.tokenizer import (
+from kimi_vl.text.modeling import causal_lm_loss
+from kimi_vl.tokenization.special_tokens import (
     BOS,
     DOC_EOS,
     IM_END,
@@ -28,7 +29,6 @@ from kimi_vl.fusion.tokenizer import (
     MEDIA_END,
     MEDIA_START,
 )
-from kimi_vl.text.modeling import causal_lm_loss
 
 SEQ, ROWS = 256, 4
 

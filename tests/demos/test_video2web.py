@@ -12,7 +12,6 @@ from PIL import Image
 
 from kimi_vl.data.screencast import make_screencast, write_video
 from kimi_vl.demos.video2web import (
-    StopOnText,
     add_video2web_parser,
     generate_html,
     load_model,
@@ -111,11 +110,13 @@ def test_stops_at_closing_tag(loaded, cast, monkeypatch):
 
 
 def test_stop_on_text_criterion(loaded):
+    from kimi_vl.eval.generation import StopOnStrings
+
     _, proc = loaded
     tok = proc.tokenizer
     prompt = tok("the cat", add_special_tokens=False)["input_ids"]
     done = tok("<p>x</p></html>", add_special_tokens=False)["input_ids"]
-    crit = StopOnText(tok, "</html>", len(prompt))
+    crit = StopOnStrings(tok, ["</html>"], len(prompt))
     ids = torch.tensor([prompt + done, prompt + done[:-1] + [done[0]] * (len(done) - len(done[:-1]))])
     assert crit(ids, None).tolist() == [True, False]
 

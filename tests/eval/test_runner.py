@@ -18,7 +18,7 @@ from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.eval import DataUnavailableError, EvalConfig, parse_benchmarks, runner
 from kimi_vl.eval import mathvista as mv
 from kimi_vl.eval.generation import Engine, cut_at_stop
-from kimi_vl.fusion import build_tokenizer
+from kimi_vl.tokenization import build_tokenizer
 from tests.test_export import tiny_model, tiny_processor
 
 MMLU_TEST_IDS = (7918, 8239, 10717, 10549)  # two math, two computer-science rows of the fixture

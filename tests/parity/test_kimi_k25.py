@@ -23,8 +23,8 @@ import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.cli import main
 from kimi_vl.convert import convert_kimi_k25
 from kimi_vl.errors import CheckpointError
-from kimi_vl.fusion import build_tokenizer
 from kimi_vl.modeling import KimiVLForConditionalGeneration
+from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.training import MuonClip
 from tests.parity.test_deepseek_v3 import YARN, randomise
 

@@ -13,8 +13,8 @@ import torch
 from PIL import Image
 
 from kimi_vl.errors import ConfigError, ShapeError
-from kimi_vl.fusion import DOC_EOS, IM_END, build_tokenizer, render_chat
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
+from kimi_vl.tokenization import DOC_EOS, IM_END, build_tokenizer, render_chat
 from kimi_vl.training.rl import (
     RLConfig,
     clip_mask,

@@ -16,7 +16,7 @@ import torch
 from kimi_vl.cli import main
 from kimi_vl.data.corpus import tokenizer_texts
 from kimi_vl.errors import DataError
-from kimi_vl.fusion import build_tokenizer
+from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary
 from kimi_vl.training.trainer import read_metrics
 from tests.data.userdata import BAD, write_user_data

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 from transformers import AutoTokenizer
 
 from kimi_vl.errors import ConfigError
-from kimi_vl.fusion import (
+from kimi_vl.tokenization import (
     BOS,
     CHAT_TEMPLATE,
     DOC_EOS,

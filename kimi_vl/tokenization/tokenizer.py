@@ -1,4 +1,4 @@
-"""Kimi's special tokens and `build_tokenizer`: a byte-level BPE tokenizer trained from text with the `tokenizers`
+"""`build_tokenizer`: a byte-level BPE tokenizer trained from text with the `tokenizers`
 library, wrapped as a transformers fast tokenizer with Kimi's chat template attached.
 
 Byte-level: the pre-tokenizer maps every UTF-8 byte to one of 256 printable symbols before the GPT-2 split regex,
@@ -28,39 +28,8 @@ from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, 
 from transformers import PreTrainedTokenizerFast
 
 from ..errors import ConfigError
-
-BOS = "[BOS]"
-DOC_EOS = "[EOS]"
-PAD = "[PAD]"
-IM_END = "<|im_end|>"
-IM_USER = "<|im_user|>"
-IM_ASSISTANT = "<|im_assistant|>"
-IM_SYSTEM = "<|im_system|>"
-IM_MIDDLE = "<|im_middle|>"
-MEDIA_START = "<|media_start|>"
-MEDIA_CONTENT = "<|media_content|>"
-MEDIA_END = "<|media_end|>"
-MEDIA_PAD = "<|media_pad|>"
-VIDEO_PLACEHOLDER = "<|kimi_k25_video_placeholder|>"
-"""Stands for one whole video in a rendered chat; the processor expands it into per-chunk media blocks (the same
-string as transformers' `Kimi_K25Processor`)."""
-
-SPECIAL_TOKENS: tuple[str, ...] = (
-    BOS,
-    DOC_EOS,
-    PAD,
-    IM_END,
-    IM_USER,
-    IM_ASSISTANT,
-    IM_SYSTEM,
-    IM_MIDDLE,
-    MEDIA_START,
-    MEDIA_CONTENT,
-    MEDIA_END,
-    MEDIA_PAD,
-    VIDEO_PLACEHOLDER,
-)
-"""Every special token, in id order (ids 0 .. 12 of a tokenizer made by `build_tokenizer`)."""
+from .chat_template import CHAT_TEMPLATE
+from .special_tokens import BOS, IM_END, MEDIA_PAD, PAD, SPECIAL_TOKENS, VIDEO_PLACEHOLDER
 
 BYTE_ALPHABET_SIZE = 256
 MIN_VOCAB_SIZE = BYTE_ALPHABET_SIZE + len(SPECIAL_TOKENS)
@@ -90,15 +59,13 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
     Returns:
         A `PreTrainedTokenizerFast` with `bos_token="[BOS]"`, `eos_token="<|im_end|>"`, `pad_token="[PAD]"`,
         `image_token` / `video_token` set to `MEDIA_PAD` / `VIDEO_PLACEHOLDER`, and Kimi's chat template
-        (`kimi_vl.fusion.chat_template.CHAT_TEMPLATE`). It saves and loads with `save_pretrained` /
+        (`kimi_vl.tokenization.chat_template.CHAT_TEMPLATE`). It saves and loads with `save_pretrained` /
         `from_pretrained` (or `AutoTokenizer.from_pretrained`).
 
     Raises:
         ConfigError: `vocab_size` below `MIN_VOCAB_SIZE`, `min_frequency < 1`, an item of `texts` that is not a
             string, or no non-empty text at all.
     """
-    from .chat_template import CHAT_TEMPLATE  # chat_template imports this module's token constants
-
     if isinstance(texts, str):
         raise ConfigError("texts must be an iterable of strings, not one string; wrap it in a list.")
     if not isinstance(vocab_size, int) or vocab_size < MIN_VOCAB_SIZE:
@@ -144,22 +111,4 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
     return tokenizer
 
 
-__all__ = [
-    "BOS",
-    "BYTE_ALPHABET_SIZE",
-    "DOC_EOS",
-    "IM_ASSISTANT",
-    "IM_END",
-    "IM_MIDDLE",
-    "IM_SYSTEM",
-    "IM_USER",
-    "MEDIA_CONTENT",
-    "MEDIA_END",
-    "MEDIA_PAD",
-    "MEDIA_START",
-    "MIN_VOCAB_SIZE",
-    "PAD",
-    "SPECIAL_TOKENS",
-    "VIDEO_PLACEHOLDER",
-    "build_tokenizer",
-]
+__all__ = ["BYTE_ALPHABET_SIZE", "MIN_VOCAB_SIZE", "build_tokenizer"]

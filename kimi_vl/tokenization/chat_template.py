@@ -33,7 +33,7 @@ from typing import Any
 
 from transformers.utils.chat_template_utils import render_jinja_template
 
-from .tokenizer import (
+from .special_tokens import (
     IM_ASSISTANT,
     IM_END,
     IM_MIDDLE,
