@@ -161,8 +161,8 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
             sft(out / "pretrain", out / "sft", steps=_scaled(p.stages["sft"].steps, scale), seed=seed,
                 progress=progress)
         elif stage == "rl":
-            rl(out / "sft", out / "rl", tasks=["text", "vision"], steps=_scaled(p.stages["rl"].steps, scale), seed=seed,
-               progress=progress)
+            rl(out / "sft", out / "rl", families=["text", "vision"], steps=_scaled(p.stages["rl"].steps, scale),
+               seed=seed, progress=progress)
         elif stage == "eval":
             run_eval(out, data_dir, eval_limit, progress)
         elif stage == "demo":
@@ -193,7 +193,7 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
         lines.append(f"| {name} | {x.get('steps')} | {x.get('tokens')} | {x.get('final_loss', 0):.3f} | "
                      f"{x.get('val_loss', 0):.3f} | {x.get('unigram_baseline', 0):.3f} | {times.get(name, 0):.0f} |")
     r = s["rl"]
-    lines += ["", f"RL ({'+'.join(r.get('tasks', []))}, {r.get('algorithm')}): {r.get('steps')} steps of "
+    lines += ["", f"RL ({'+'.join(r.get('families') or [])}, {r.get('algorithm')}): {r.get('steps')} steps of "
               f"{r.get('prompts_per_step')} prompts x {r.get('k')} responses; mean reward "
               f"{r.get('reward_first_fifth', 0):.3f} (first fifth of the steps) -> "
               f"{r.get('reward_last_fifth', 0):.3f} (last fifth); "

@@ -56,7 +56,7 @@ class DataConfig:
         image_max_patches: patch budget per image of the checkpoint's image processor.
         video_max_patches: patch budget per video frame.
         video_fps: frames per second sampled from videos.
-        tasks: RL task families of the embedded data: text, vision or both.
+        families: RL task families of the embedded data: text, vision or both.
         prompts_per_step: RL prompts per step.
         video_fraction: (embedded data) share of vision documents that are screencasts.
         chat_fraction: (embedded data) share of vision documents in chat form.
@@ -88,7 +88,7 @@ class DataConfig:
     image_max_patches: int = _for("pretrain", default=64)
     video_max_patches: int = _for("pretrain", default=64)
     video_fps: float = _for("pretrain", default=4.0)
-    tasks: list[str] = _for("rl", factory=lambda: ["text", "vision"], split=",")
+    families: list[str] = _for("rl", factory=lambda: ["text", "vision"], split=",")
     prompts_per_step: int = _for("rl", default=8)
     video_fraction: float = _for("pretrain", default=0.1)
     chat_fraction: float = _for("pretrain", default=0.25)

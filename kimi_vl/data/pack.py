@@ -44,6 +44,7 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InvalidMediaError
+from ..text.modeling import next_token_targets
 from ..tokenization.special_tokens import MEDIA_PAD, MEDIA_START, PAD, SPECIAL_TOKENS, VIDEO_PLACEHOLDER
 from .encode import IGNORE_INDEX, MEDIA_KEYS, Document, special_ids
 
@@ -130,12 +131,8 @@ class PackedBatch:
 
     @property
     def num_loss_tokens(self) -> int:
-        """Tokens the loss averages over: targets with a label, the first token of every segment excluded (as in
-        `causal_lm_loss` with `cu_seqlens`)."""
-        target = self.labels[0, 1:].clone()
-        ends = self.cu_seqlens[1:-1].long() - 1
-        target[ends[ends < target.numel()]] = IGNORE_INDEX
-        return int((target != IGNORE_INDEX).sum())
+        """Tokens the loss averages over (`causal_lm_loss`'s targets with a label)."""
+        return int((next_token_targets(self.labels, self.cu_seqlens) != IGNORE_INDEX).sum())
 
     @property
     def num_vision_tokens(self) -> int:

@@ -66,7 +66,7 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     for seed in range(seeds):
         for arm, families in ARMS.items():
             run_dir = out_dir / f"{arm.replace('+', '_')}_seed{seed}"
-            rl(sft_dir, run_dir / "model", tasks=list(families), seed=seed, progress=progress,
+            rl(sft_dir, run_dir / "model", families=list(families), seed=seed, progress=progress,
                **({} if steps is None else {"steps": steps}))
             report = evaluate(run_dir / "model", list(benchmarks), run_dir / "eval", eval_config)
             for b in benchmarks:

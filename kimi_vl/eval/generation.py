@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..data.encode import end_token_ids
+from ..data.encode import end_token_ids, tokenizer_of
 from ..errors import CheckpointError, ConfigError
 from ..tokenization.special_tokens import IM_MIDDLE
 
@@ -156,7 +156,7 @@ class Engine:
             processor = None
             if vision:
                 processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)
-                tokenizer = getattr(processor, "tokenizer", processor)
+                tokenizer = tokenizer_of(processor)
             else:
                 tokenizer = transformers.AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         except (OSError, ValueError, KeyError) as exc:

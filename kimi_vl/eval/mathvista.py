@@ -1,6 +1,7 @@
 """MathVista testmini with the official protocol (lupantech/MathVista, `evaluation/`).
 
-Reproduced from its description (reference/training_eval.md §4):
+Reproduced from the official repository (lupantech/MathVista @ 53d52587: `evaluation/build_query.py`,
+`extract_answer.py`, `calculate_score.py`):
 
 - Data: `AI4Math/MathVista` split `testmini` (1,000 problems with answers; `answer` is a string, the choice
   *text* for multiple choice), or a local copy (`data/testmini.json` of the official repository, parquet or

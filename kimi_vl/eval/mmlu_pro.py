@@ -1,6 +1,7 @@
 """MMLU-Pro with the official 5-shot chain-of-thought protocol (TIGER-AI-Lab/MMLU-Pro, `evaluate_from_local.py`).
 
-Protocol, reproduced from its description (reference/training_eval.md §3), quirks included:
+Protocol, reproduced from the official repository (TIGER-AI-Lab/MMLU-Pro @ f418b116: `evaluate_from_local.py`,
+`compute_accuracy.py`), quirks included:
 
 - Data: `TIGER-Lab/MMLU-Pro` splits `test` (12,032 questions) and `validation` (70 = 5 per category, with
   `cot_content`). Options equal to `"N/A"` (padding) are dropped.

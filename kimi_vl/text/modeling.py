@@ -317,15 +317,21 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
 
 
 
-def causal_lm_loss(
-    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None
-) -> torch.Tensor:
-    """Mean next-token cross-entropy over labels != -100 (fp32). With `cu_seqlens`, the last token of each
-    packed sequence does not predict the first token of the next one."""
-    if labels.shape != logits.shape[:2]:
-        raise ShapeError(f"labels have shape {tuple(labels.shape)}; expected {tuple(logits.shape[:2])}.")
+def next_token_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
+    """`[B, T - 1]` targets of positions `0 .. T - 2` (`labels[:, 1:]`, -100 = no loss). With `cu_seqlens` (batch
+    1), the last token of each packed sequence does not predict the first token of the next one."""
     target = labels[:, 1:].clone()
     if cu_seqlens is not None:
         ends = cu_seqlens[1:-1].long() - 1
         target[0, ends[ends < target.shape[1]]] = -100
+    return target
+
+
+def causal_lm_loss(
+    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Mean next-token cross-entropy over the `next_token_targets` != -100 (fp32)."""
+    if labels.shape != logits.shape[:2]:
+        raise ShapeError(f"labels have shape {tuple(labels.shape)}; expected {tuple(logits.shape[:2])}.")
+    target = next_token_targets(labels, cu_seqlens)
     return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100)

@@ -3,7 +3,8 @@
 Router (DeepSeek-V3 `noaux_tc`, as in Kimi-Linear): `s = sigmoid(x W^T)` in fp32, experts chosen by top-k of
 `s + e_score_correction_bias` (group-limited when `n_group > 1`), weights gathered from the **unbiased** `s` by
 default (transformers' `kimi_linear`, vLLM, DeepSeek-V3) or from the biased scores when
-`config.router_biased_weights` (the released remote code; see reference/kda.md §4.4), renormalised and scaled by
+`config.router_biased_weights` (the released remote code, whose `KimiMoEGate` adds the bias in place to a view of
+the scores, so its weights come from `sigmoid + bias`), renormalised and scaled by
 `routed_scaling_factor`. The bias is not trained by gradient: `update_router_bias` nudges it from the expert load
 (aux-loss-free balancing).
 """

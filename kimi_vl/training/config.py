@@ -118,7 +118,7 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
         raise ConfigError(f"unknown setting(s) {unknown} for `train {stage}`; known: {', '.join(known)}.")
     for name, value in overrides.items():
         section, f = fields[name]
-        if "split" in f.metadata and isinstance(value, (list, tuple)):  # --tasks text,vision
+        if "split" in f.metadata and isinstance(value, (list, tuple)):  # --families text,vision
             value = [item for v in value for item in (v.split(f.metadata["split"]) if isinstance(v, str) else [v])]
         changes[section][name] = coerce(value, typing.get_type_hints(SECTIONS[section])[name], name)
     resolved = {k: (dataclasses.replace(v, **changes[k]) if v is not None else None) for k, v in sections.items()}

@@ -191,17 +191,18 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     return _train(cfg, model, processor, out_dir, {"from": str(from_dir)})
 
 
-RL_TASKS = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")), "vision": VISION_TASKS}
+RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")), "vision": VISION_TASKS}
 """RL task families of the embedded data: verifiable text tasks (arithmetic, multiple choice) and image tasks
 (counting, colours, shapes, charts, OCR, grounding, visual math); `fact` (free-text answers) and the `lookup` drill
 are left to pre-training and SFT."""
 
 
-def rl_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
-    unknown = [f for f in families if f not in RL_TASKS]
+def family_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The world tasks of RL task families (`RL_FAMILIES`)."""
+    unknown = [f for f in families if f not in RL_FAMILIES]
     if unknown or not families:
-        raise ConfigError(f"unknown RL task families {unknown or families}; choose from {', '.join(RL_TASKS)}.")
-    return tuple(t for f in families for t in RL_TASKS[f])
+        raise ConfigError(f"unknown RL task families {unknown or families}; choose from {', '.join(RL_FAMILIES)}.")
+    return tuple(t for f in families for t in RL_FAMILIES[f])
 
 
 def world_prompts(tasks: tuple[str, ...], n: int, seed: int, step: int) -> list[Any]:
@@ -213,7 +214,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
        config: RunConfig | None = None, **settings: Any) -> Path:
     """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`) on the
     `Trainer` (`RLStep`); rollout batch `i` draws `prompts_per_step` prompts (users' rows, or world samples of the
-    task families `tasks`), a pure function of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the
+    task families `families`), a pure function of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the
     checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     if stage_complete(out_dir):
@@ -223,12 +224,12 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     data = cfg.data
     prompts = rl_prompts(data, cfg.seed)
     if prompts is None:
-        tasks = rl_tasks(data.tasks)
+        tasks = family_tasks(data.families)
         source = lambda index: (world_prompts(tasks, data.prompts_per_step, cfg.seed, index), [])  # noqa: E731
     else:
         source = prompts.prompts
     model, processor = load_checkpoint_dir(from_dir)
-    label = "+".join(data.tasks) if prompts is None else "data"
+    label = "+".join(data.families) if prompts is None else "data"
     trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed), cfg.train, out_dir,
                       desc=f"rl ({label})", fingerprint=data_fingerprint(prompts and prompts.mixture, cfg.seed),
                       allow_data_change=data.allow_data_change)
@@ -242,7 +243,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
     return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), processor, out_dir, {
         "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir),
-        "tasks": list(data.tasks) if prompts is None else None, "data": data.sources or "embedded",
+        "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
         "prompts_per_step": data.prompts_per_step, "updates_per_batch": cfg.rl.updates_per_batch,
         "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),

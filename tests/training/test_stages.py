@@ -11,7 +11,7 @@ import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.cli import main
 from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.training.presets import get_preset
-from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary, rl, rl_tasks, sft
+from kimi_vl.training.stages import family_tasks, load_checkpoint_dir, pretrain, read_summary, rl, sft
 from kimi_vl.training.trainer import read_metrics
 
 
@@ -82,17 +82,17 @@ def test_stage_errors(tmp_path):
     with pytest.raises(CheckpointError, match="no config.json"):
         sft(tmp_path / "missing", tmp_path / "out", steps=1, progress=False)
     with pytest.raises(ConfigError, match="unknown RL task families"):
-        rl_tasks(("audio",))
+        family_tasks(("audio",))
     with pytest.raises(ConfigError, match="unknown preset"):
         pretrain(tmp_path / "p", preset="huge", progress=False)
 
 
 def test_cli_train_rl(pretrained, tmp_path, capsys):
     assert main(["train", "rl", "--from", str(pretrained), "--out", str(tmp_path / "rl"), "--steps", "1",
-                 "--tasks", "text"]) == 0
+                 "--families", "text"]) == 0
     assert "wrote" in capsys.readouterr().out
     summary = json.loads((tmp_path / "rl" / "training_summary.json").read_text())
-    assert summary["tasks"] == ["text"] and summary["steps"] == 1
+    assert summary["families"] == ["text"] and summary["steps"] == 1
     assert main(["train", "rl", "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
 
 
