@@ -30,6 +30,15 @@ Tasks (`Sample.task`):
 | visual_math | image | MathVista-style query (hint, question, choices)     | 8 / B          | number/choice|
 | screencast  | video | Write the HTML of this web page.                     | the page HTML  | html        |
 
+Splits: every sample is an item with a key (`item_key`: the wording of a question with its entity, an expression,
+a unit conversion, a chart's labels and values, a rectangle's sides, a page, or an image's pixels); a hash of the key
+puts 15% of the items in the held-out `eval` split, 10% in `val` and the rest in `train` (`split_of`).
+`make_sample(task, rng, split)` draws until it gets an item of its split (default `train`), so every training draw
+(pre-training, SFT, RL, the drill, tokenizer texts) avoids the items the proxies ask about (`mmlu_pro_rows` and
+`mathvista_rows` draw from `eval`), by construction. The knowledge stays shared: a held-out question on a creature's
+colour is stated in other sentences and asked in other wordings in training, as real benchmarks test knowledge
+their test items do not teach.
+
 Responses are short: a templated sentence of reasoning and a final "The answer is X." (multiple choice: the
 reasoning, then the option holding the worked-out value, "The option 42 is (C).", then "The answer is (C)."), which
 `kimi_vl.training.rewards` extracts; screencast responses are the HTML itself.
@@ -40,6 +49,7 @@ Images: RGB, native size with each side in 56..224 px (varied aspect ratios), li
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -74,6 +84,15 @@ VIDEO_TASKS: tuple[str, ...] = ("screencast",)
 ALL_TASKS: tuple[str, ...] = TEXT_TASKS + VISION_TASKS + VIDEO_TASKS
 
 MIN_SIDE, MAX_SIDE = 56, 224
+SPLIT_SHARES = {"eval": 0.15, "val": 0.10}
+"""Shares of the item keys in the held-out evaluation split and the validation split (the rest: train)."""
+MAX_DRAWS = 10_000
+FACT_QUESTIONS: dict[str, tuple[str, ...]] = {
+    "color": ("What color is {name}?", "Which color does {name} have?", "{name} is a creature of which color?"),
+    "town": ("Which town is {name} from?", "Where does {name} live?", "{name} lives in which town?"),
+    "legs": ("How many legs does {name} have?", "{name} has how many legs?", "On how many legs does {name} walk?"),
+}
+"""Wordings of the questions on the world's facts (each wording of each creature is one item)."""
 SCREENCAST_QUESTION = "Write the HTML of this web page."
 
 # MathVista's hints (the official query construction), by answer format.
@@ -273,7 +292,7 @@ def _arith_operands(rng: random.Random) -> tuple[int, str, int, int]:
 def _task_arithmetic(rng: random.Random) -> Sample:
     a, op, b, c = _arith_operands(rng)
     return Sample("arithmetic", f"What is {a} {op} {b}?", str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
-                  "number", meta={"expression": f"{a} {op} {b}"})
+                  "number", meta={"expression": f"{a} {op} {b}", "key": f"arith:{a}{op}{b}"})
 
 
 _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hours", "minutes", 60),
@@ -287,6 +306,7 @@ def _task_mc(rng: random.Random) -> Sample:
         a, op, b, c = _arith_operands(rng)
         stem, correct, pool = f"What is {a} {op} {b}?", str(c), _number_pool(rng, c)
         cot, category, src = f"We compute {a} {op} {b} = {c}.", "math", "synthetic-arithmetic"
+        key = f"arith:{a}{op}{b}"
     elif kind == "units":
         big, small, factor = rng.choice(_UNITS)
         k = rng.randint(2, 9)
@@ -295,24 +315,27 @@ def _task_mc(rng: random.Random) -> Sample:
         pool = [p for p in pool if int(p) > 0]
         cot = f"One of the {big} is {factor} {small}, so {k} {big} is {k} * {factor} = {k * factor} {small}."
         category, src = "engineering", "synthetic-units"
+        key = f"units:{k}:{big}:{small}"
     else:
         c = rng.choice(WORLD)
         attr = rng.choice(("color", "town", "legs"))
+        stem = rng.choice(FACT_QUESTIONS[attr]).format(name=c.name)
         if attr == "color":
-            stem, correct, pool = f"What color is {c.name}?", c.color, list(COLORS)
+            correct, pool = c.color, list(COLORS)
             cot = f"We know that {c.name} is a {c.color} creature."
         elif attr == "town":
-            stem, correct, pool = f"Which town is {c.name} from?", c.town, list(TOWNS)
+            correct, pool = c.town, list(TOWNS)
             cot = f"We know that {c.name} is from {c.town}."
         else:
-            stem, correct, pool = f"How many legs does {c.name} have?", str(c.legs), [str(i) for i in range(1, 15)]
+            correct, pool = str(c.legs), [str(i) for i in range(1, 15)]
             cot = f"We know that {c.name} has {c.legs} legs."
         category, src = "other", "synthetic-world"
+        key = f"question:{stem}"
     options, idx = _options(rng, correct, pool)
     letter = LETTERS[idx]
     cot = f"{cot} {option_lookup(correct, letter)}"
     return Sample("mc", _mc_question(stem, options), letter, f"{cot} The answer is ({letter}).", "choice",
-                  choices=options, meta={"stem": stem, "category": category, "src": src, "cot": cot})
+                  choices=options, meta={"stem": stem, "category": category, "src": src, "cot": cot, "key": key})
 
 
 def _task_lookup(rng: random.Random) -> Sample:
@@ -325,7 +348,7 @@ def _task_lookup(rng: random.Random) -> Sample:
     steps = " ".join(option_lookup(options[i], LETTERS[i]) for i in picks)
     question = f"{options_block(options)}\n{stem}"
     return Sample("lookup", question, answer, f"{steps} The answer is {answer}.", "ocr", choices=options,
-                  meta={"stem": stem, "category": base.meta["category"], "picks": picks})
+                  meta={"stem": stem, "category": base.meta["category"], "picks": picks, "key": base.meta["key"]})
 
 
 def _task_fact(rng: random.Random) -> Sample:
@@ -335,11 +358,11 @@ def _task_fact(rng: random.Random) -> Sample:
                  rng.choice((f"{c.name} has {c.legs} legs.", f"{c.name} walks on {c.legs} legs."))]
     rng.shuffle(sentences)
     attr = rng.choice(("color", "town", "legs"))
-    question, answer = {"color": (f"What color is {c.name}?", c.color),
-                        "town": (f"Where does {c.name} live?", c.town),
-                        "legs": (f"How many legs does {c.name} have?", str(c.legs))}[attr]
+    question = rng.choice(FACT_QUESTIONS[attr]).format(name=c.name)
+    answer = {"color": c.color, "town": c.town, "legs": str(c.legs)}[attr]
     return Sample("fact", question, answer, " ".join(sentences) + f" The answer is {answer}.",
-                  "number" if attr == "legs" else "ocr", meta={"creature": c.name, "attribute": attr})
+                  "number" if attr == "legs" else "ocr",
+                  meta={"creature": c.name, "attribute": attr, "key": f"question:{question}"})
 
 
 # ---------------------------------------------------------------------------------------------------- vision tasks
@@ -414,12 +437,16 @@ def _chart(rng: random.Random, kind: str, n: int, *, unique_max: bool = False
     return image, labels, values, w, h
 
 
+def _chart_key(kind: str, labels: Sequence[str], values: Sequence[int]) -> str:
+    return f"chart:{kind}:" + ",".join(f"{label}={v}" for label, v in zip(labels, values))
+
+
 def _task_chart_bar(rng: random.Random) -> Sample:
     image, labels, values, _, _ = _chart(rng, "bar", rng.randint(3, 5))
     i = rng.randrange(len(labels))
     return Sample("chart_bar", f"What is the value of the {labels[i]} bar?", str(values[i]),
                   f"The {labels[i]} bar shows {values[i]}. The answer is {values[i]}.", "number", image=image,
-                  meta={"labels": labels, "values": values, "index": i})
+                  meta={"labels": labels, "values": values, "index": i, "key": _chart_key("bar", labels, values)})
 
 
 def _task_chart_line(rng: random.Random) -> Sample:
@@ -427,7 +454,8 @@ def _task_chart_line(rng: random.Random) -> Sample:
     i = rng.randrange(len(labels))
     return Sample("chart_line", f"What is the value at x = {labels[i]}?", str(values[i]),
                   f"At x = {labels[i]} the line shows {values[i]}. The answer is {values[i]}.", "number",
-                  image=image, meta={"labels": labels, "values": values, "index": i})
+                  image=image, meta={"labels": labels, "values": values, "index": i,
+                                     "key": _chart_key("line", labels, values)})
 
 
 _OCR_WORDS = tuple(w.upper() for w in NAMES + TOWNS + tuple(COLORS) + SHAPES)
@@ -476,7 +504,7 @@ def _task_visual_math(rng: random.Random) -> Sample:
     extra: dict[str, Any] = {}
     if kind.startswith("bar"):
         image, labels, values, w, h = _chart(rng, "bar", rng.randint(3, 5), unique_max=kind == "bar_max")
-        extra.update(labels=labels, values=values)
+        extra.update(labels=labels, values=values, key=_chart_key("bar", labels, values))
         listing = ", ".join(f"{label} = {v}" for label, v in zip(labels, values))
         context, task, category = "bar chart", "figure question answering", "math-targeted-vqa"
         if kind == "bar_sum":
@@ -506,7 +534,7 @@ def _task_visual_math(rng: random.Random) -> Sample:
     elif kind == "rect":
         a, b = rng.randint(2, 12), rng.randint(2, 12)
         image, w, h = _rectangle_image(rng, a, b)
-        extra["sides"] = [a, b]
+        extra.update(sides=[a, b], key=f"rect:{a}:{b}")
         context, task, category = "geometry diagram", "geometry problem solving", "math-targeted-vqa"
         if rng.random() < 0.5:
             stem, unit, value = "What is the perimeter of the rectangle?", "cm", 2 * (a + b)
@@ -579,12 +607,44 @@ _TASKS = {
 }
 
 
+# ---------------------------------------------------------------------------------------------------- splits
+def item_key(sample: Sample) -> str:
+    """What identifies a sample as an item (its split follows from it): the question's text for the world's facts
+    (`question:What color is Bavo?`), the expression or unit conversion for arithmetic, the labels and values of a
+    chart (`chart:bar:...`: the same chart values whatever the rendering or the question), the sides of a
+    rectangle, the page of a screencast, and the pixels of any other image."""
+    if "key" in sample.meta:
+        return sample.meta["key"]
+    if sample.video is not None:
+        return "page:" + hashlib.sha1(sample.video.html.encode()).hexdigest()
+    if sample.image is not None:
+        return f"image:{sample.task}:" + hashlib.sha1(sample.image.tobytes()).hexdigest()
+    raise ConfigError(f"a {sample.task} sample has no item key; give its generator a meta['key'].")
+
+
+def split_of(key: str) -> str:
+    """The split of an item key: a hash of it puts `SPLIT_SHARES["eval"]` of the keys in `eval`, the next
+    `SPLIT_SHARES["val"]` in `val`, the rest in `train`."""
+    u = int(hashlib.sha1(key.encode()).hexdigest()[:12], 16) / float(1 << 48)
+    if u < SPLIT_SHARES["eval"]:
+        return "eval"
+    return "val" if u < SPLIT_SHARES["eval"] + SPLIT_SHARES["val"] else "train"
+
+
 # ---------------------------------------------------------------------------------------------------- public API
-def make_sample(task: str, rng: random.Random) -> Sample:
-    """One sample of `task` (one of `ALL_TASKS`), deterministic given the state of `rng`."""
+def make_sample(task: str, rng: random.Random, split: str = "train") -> Sample:
+    """One sample of `task` (one of `ALL_TASKS`) from `split` ("train", "val" or "eval"): samples are drawn from
+    `rng` until one's item key falls in the split, so the splits share no item (see the module docstring);
+    deterministic given the state of `rng`."""
     if task not in _TASKS:
         raise ConfigError(f"unknown task {task!r}; choose one of {', '.join(ALL_TASKS)}.")
-    return _TASKS[task](rng)
+    if split not in SPLIT_SHARES and split != "train":
+        raise ConfigError(f"unknown split {split!r}; choose train, val or eval.")
+    for _ in range(MAX_DRAWS):
+        sample = _TASKS[task](rng)
+        if split_of(item_key(sample)) == split:
+            return sample
+    raise ConfigError(f"no {task} sample of the {split} split in {MAX_DRAWS} draws; its item space is too small.")
 
 
 def sample_rng(seed: int, index: int, namespace: str = "world") -> random.Random:
@@ -592,9 +652,9 @@ def sample_rng(seed: int, index: int, namespace: str = "world") -> random.Random
     return random.Random(f"{namespace}:{int(seed)}:{int(index)}")
 
 
-def make_samples(tasks: Sequence[str], n: int, seed: int) -> list[Sample]:
-    """`n` samples cycling through `tasks` (sample `i` has task `tasks[i % len(tasks)]`). Sample `i` depends only
-    on `(seed, i, its task)`, so a longer list extends a shorter one."""
+def make_samples(tasks: Sequence[str], n: int, seed: int, split: str = "train") -> list[Sample]:
+    """`n` samples of `split` cycling through `tasks` (sample `i` has task `tasks[i % len(tasks)]`). Sample `i`
+    depends only on `(seed, i, its task, split)`, so a longer list extends a shorter one."""
     if isinstance(tasks, str):
         tasks = (tasks,)
     if not tasks:
@@ -602,18 +662,18 @@ def make_samples(tasks: Sequence[str], n: int, seed: int) -> list[Sample]:
     for t in tasks:
         if t not in _TASKS:
             raise ConfigError(f"unknown task {t!r}; choose among {', '.join(ALL_TASKS)}.")
-    return [make_sample(tasks[i % len(tasks)], sample_rng(seed, i)) for i in range(n)]
+    return [make_sample(tasks[i % len(tasks)], sample_rng(seed, i), split) for i in range(n)]
 
 
-def mmlu_pro_rows(n: int, seed: int) -> list[dict]:
-    """`n` synthetic multiple-choice questions as MMLU-Pro rows.
+def mmlu_pro_rows(n: int, seed: int, split: str = "eval") -> list[dict]:
+    """`n` synthetic multiple-choice questions of `split` (default the held-out `eval` items) as MMLU-Pro rows.
 
     Fields and types as in `TIGER-Lab/MMLU-Pro`: `question_id` (int), `question` (str, the stem), `options`
     (list of 10 str), `answer` (letter A-J), `answer_index` (int), `cot_content` (str, "A: Let's think step by
     step. ... The answer is (X)."), `category` (str: "math", "engineering" or "other"), `src` (str).
     """
     rows = []
-    for i, s in enumerate(make_samples(("mc",), n, seed)):
+    for i, s in enumerate(make_samples(("mc",), n, seed, split)):
         idx = LETTERS.index(s.answer)
         rows.append({
             "question_id": i,
@@ -628,8 +688,9 @@ def mmlu_pro_rows(n: int, seed: int) -> list[dict]:
     return rows
 
 
-def mathvista_rows(n: int, seed: int, image_dir: str | Path) -> dict[str, dict]:
-    """`n` synthetic visual-math problems as MathVista testmini rows, keyed by `pid` ("1" .. "n").
+def mathvista_rows(n: int, seed: int, image_dir: str | Path, split: str = "eval") -> dict[str, dict]:
+    """`n` synthetic visual-math problems of `split` (default the held-out `eval` items) as MathVista testmini rows,
+    keyed by `pid` ("1" .. "n").
 
     Each image is written to `image_dir / row["image"]` (`"images/<pid>.png"`), so `image_dir` plays the role of the
     dataset root. Fields and types as in MathVista's `testmini.json`: `question` (the bare question), `image`,
@@ -641,7 +702,7 @@ def mathvista_rows(n: int, seed: int, image_dir: str | Path) -> dict[str, dict]:
     root = Path(image_dir)
     (root / "images").mkdir(parents=True, exist_ok=True)
     rows: dict[str, dict] = {}
-    for i, s in enumerate(make_samples(("visual_math",), n, seed)):
+    for i, s in enumerate(make_samples(("visual_math",), n, seed, split)):
         pid = str(i + 1)
         rel = f"images/{pid}.png"
         assert s.image is not None
@@ -693,5 +754,5 @@ __all__ = [
     "ALL_TASKS", "COLORS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES", "TEXT_TASKS",
     "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
     "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
-    "world_facts",
+    "world_facts", "FACT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",
 ]

@@ -123,8 +123,10 @@ class MMLUProSynth(MMLUPro):
     max_new_tokens = PROXY_MAX_NEW_TOKENS
 
     def load(self, config: EvalConfig, work_dir: Path) -> BenchmarkData:
-        test, val = mmlu_pro_synth(MMLU_PRO_SYNTH_SIZE if config.limit is None else config.limit, config.proxy_seed)
-        return self._data(mp.ordered_items(test), val, f"synthetic world, seed {config.proxy_seed}")
+        test, val = mmlu_pro_synth(MMLU_PRO_SYNTH_SIZE if config.limit is None else config.limit, config.proxy_seed,
+                                   config.proxy_split)
+        return self._data(mp.ordered_items(test), val,
+                          f"synthetic world, {config.proxy_split} split, seed {config.proxy_seed}")
 
 
 # ----------------------------------------------------------------------------------------------------- MathVista
@@ -244,8 +246,8 @@ class MathVistaSynth(MathVista):
 
     def load(self, config: EvalConfig, work_dir: Path) -> BenchmarkData:
         n = MATHVISTA_SYNTH_SIZE if config.limit is None else config.limit
-        return BenchmarkData(mathvista_synth(work_dir / f"{self.name}_data", n, config.proxy_seed),
-                             f"synthetic world, seed {config.proxy_seed}")
+        return BenchmarkData(mathvista_synth(work_dir / f"{self.name}_data", n, config.proxy_seed, config.proxy_split),
+                             f"synthetic world, {config.proxy_split} split, seed {config.proxy_seed}")
 
 
 for _benchmark in (MMLUPro(), MathVista(), MMLUProSynth(), MathVistaSynth()):

@@ -52,6 +52,8 @@ class EvalConfig:
             evaluated model) or a saved model directory (that model).
         quick_extract: the official quick-extract rule of MathVista.
         proxy_seed: seed of the synthetic proxies.
+        proxy_split: split of the world the proxies draw their items from: eval (held out from every training
+            draw: the reported figures) or val (the validation draw, for tuning settings).
         progress: progress bars.
     """
 
@@ -69,6 +71,7 @@ class EvalConfig:
     mathvista_extractor: str = "heuristic"
     quick_extract: bool = True
     proxy_seed: int = PROXY_SEED
+    proxy_split: str = field(default="eval", metadata={"choices": ("eval", "val")})
     progress: bool = True
 
     def __post_init__(self) -> None:

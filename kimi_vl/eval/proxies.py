@@ -6,9 +6,10 @@
   output directory), with the official query construction, extraction, normalisation and scores.
 
 They need no download and measure the same skills on the world's own distribution; they are NOT the benchmarks
-and every report labels them "(synthetic proxy)". The default seed (`PROXY_SEED`) is far from the small seeds
-training streams use, to keep proxy items apart from training samples. `kimi_vl.eval.benchmarks` registers them as
-benchmarks.
+and every report labels them "(synthetic proxy)". Their items are held out by construction: they come from the
+world's `eval` split (`kimi_vl.data.world.split_of`), whose questions, chart values, rectangles, pages and images no
+training draw ever produces; `proxy_split="val"` draws the validation split instead, for tuning, and the worked
+examples of `mmlu_pro_synth` always come from the validation split. `kimi_vl.eval.benchmarks` registers them.
 """
 
 from __future__ import annotations
@@ -25,29 +26,31 @@ from .mmlu_pro import preprocess
 MMLU_PRO_SYNTH_SIZE = 140
 MATHVISTA_SYNTH_SIZE = 100
 SHOT_POOL = 140
-"""Rows generated (from `seed + 1`) to pick the per-category worked examples of `mmlu_pro_synth` from."""
+"""Validation-split rows generated to pick the per-category worked examples of `mmlu_pro_synth` from."""
 PROXY_EVAL_CONFIG = EvalConfig(num_shots=0, mmlu_pro_format="chat", max_new_tokens=96)
 """`evaluate` options the quickstart and the Vision-RL ablation use on the proxies: zero-shot chat prompts (five
 worked examples do not fit the tiny model's 256-token context) and 96 new tokens (the longest target reply, a
 five-bar chart's multiple choice, is about 60 tokens)."""
 
 
-def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED) -> tuple[list[dict], list[dict]]:
-    """`(test, validation)` rows of the MMLU-Pro proxy (validation rows carry `cot_content`)."""
-    test = [preprocess(r) for r in world.mmlu_pro_rows(n, seed)]
-    pool = [preprocess(r) for r in world.mmlu_pro_rows(max(SHOT_POOL, n), seed + 1)]
+def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED, split: str = "eval"
+                   ) -> tuple[list[dict], list[dict]]:
+    """`(test, validation)` rows of the MMLU-Pro proxy: test rows from `split`, validation rows (carrying
+    `cot_content`, the worked examples) from the validation split."""
+    test = [preprocess(r) for r in world.mmlu_pro_rows(n, seed, split)]
+    pool = [preprocess(r) for r in world.mmlu_pro_rows(max(SHOT_POOL, n), seed + 1, "val")]
     val = [r for r in pool if r.get("cot_content")]
     return test, val
 
 
 def mathvista_synth(
-    image_dir: str | os.PathLike, n: int = MATHVISTA_SYNTH_SIZE, seed: int = PROXY_SEED
+    image_dir: str | os.PathLike, n: int = MATHVISTA_SYNTH_SIZE, seed: int = PROXY_SEED, split: str = "eval"
 ) -> dict[str, dict[str, Any]]:
-    """`{pid: row}` of the MathVista proxy; images are written under `image_dir` and each row gets its `query`
-    (official construction) when the world left it out."""
+    """`{pid: row}` of the MathVista proxy from `split`; images are written under `image_dir` and each row gets its
+    `query` (official construction) when the world left it out."""
     root = Path(image_dir)
     root.mkdir(parents=True, exist_ok=True)
-    rows = world.mathvista_rows(n, seed, root)
+    rows = world.mathvista_rows(n, seed, root, split)
     out: dict[str, dict[str, Any]] = {}
     for pid, row in rows.items():
         row = dict(row)

@@ -266,16 +266,42 @@ def test_bar_max_chart_when_every_bar_is_one():
 
 
 def test_proxy_items_are_pinned(tmp_path):
-    """The evaluation proxies (seed 90210) are built by these generators: their items - questions, options,
-    answers, images - are pinned, so a change of the training data's wording or mixture cannot move them (the
-    hashes are those of the generators before the option-lookup responses and the lookup drill were added)."""
+    """The evaluation proxies (seed 90210, the held-out `eval` split) are built by these generators: their items -
+    questions, options, answers, images - are pinned, so a change of the training data's wording or mixture cannot
+    move them (the hashes of the generators with the train / val / eval split of item keys)."""
     import hashlib
 
     rows = mmlu_pro_rows(140, 90_210)
     text = json.dumps([(r["question"], r["options"], r["answer"]) for r in rows]).encode()
-    assert hashlib.sha256(text).hexdigest() == "b5555f400007d89423732364fbd1c2f70832809be8e0684e4737096e837b3ecd"
+    assert hashlib.sha256(text).hexdigest() == "0398ca763ec532c98e18896c6d934340d465a3e7b489603fec60e998a7f70834"
     digest = hashlib.sha256()
     for r in mathvista_rows(100, 90_210, tmp_path).values():
         digest.update(json.dumps([r["question"], r["choices"], r["answer"], r["unit"], r["precision"]]).encode())
         digest.update((tmp_path / r["image"]).read_bytes())
-    assert digest.hexdigest() == "bde2a733cd3fe8fd4df1ef92753c7c6571ab878747501fc59750260e3a603a89"
+    assert digest.hexdigest() == "a041e0e65766c95477beac9c03e472a80df298ae98bd10b202cb9d05315b4ff2"
+
+
+def test_evaluation_items_are_held_out_from_every_training_draw(tmp_path):
+    """No item of the proxies (eval split) - a question's wording with its entity, an expression, a unit
+    conversion, a chart's values, a rectangle, an image - is ever generated for training: training draws of every
+    task, the SFT conversations' and the drill's sources among them, never produce an eval or val key, and the
+    proxies' keys are all eval keys (so the two sets are disjoint)."""
+    from kimi_vl.data.world import ALL_TASKS, item_key, make_samples, split_of
+
+    eval_mc = make_samples(("mc",), 300, 90_210, "eval")
+    eval_math = make_samples(("visual_math",), 150, 90_210, "eval")
+    eval_keys = {item_key(s) for s in eval_mc + eval_math}
+    assert {split_of(k) for k in eval_keys} == {"eval"}
+    stems = {s.meta["stem"] for s in eval_mc}
+    train = [s for task in ALL_TASKS for s in make_samples((task,), 60 if task == "screencast" else 400, 3)]
+    train_keys = {item_key(s) for s in train}
+    assert {split_of(k) for k in train_keys} == {"train"}
+    assert not eval_keys & train_keys
+    train_questions = {s.meta.get("stem", s.question) for s in train}
+    assert not stems & train_questions  # no evaluation question is ever asked in training
+    charts = {k for k in eval_keys if k.startswith("chart:")}
+    assert charts and not charts & {item_key(s) for s in train if s.task in ("chart_bar", "visual_math")}
+    val_keys = {item_key(s) for s in make_samples(("mc", "visual_math"), 200, 5, "val")}
+    assert {split_of(k) for k in val_keys} == {"val"} and not val_keys & (eval_keys | train_keys)
+    with pytest.raises(ConfigError, match="unknown split"):
+        make_samples(("mc",), 1, 0, "test")
