@@ -57,7 +57,8 @@ class DataConfig:
         video_max_patches: patch budget per video frame.
         video_fps: frames per second sampled from videos.
         families: RL task families of the embedded data: text, vision or both.
-        prompts_per_step: RL prompts per step.
+        prompts_per_step: RL prompts per rollout batch of users' data.
+        prompts_per_family: RL prompts per rollout batch of each task family of the embedded data.
         video_fraction: (embedded data) share of vision documents that are screencasts.
         chat_fraction: (embedded data) share of vision documents in chat form.
         code_fraction: (embedded data) share of text documents that are standard library source.
@@ -90,6 +91,7 @@ class DataConfig:
     video_fps: float = _for("pretrain", default=4.0)
     families: list[str] = _for("rl", factory=lambda: ["text", "vision"], split=",")
     prompts_per_step: int = _for("rl", default=8)
+    prompts_per_family: int = _for("rl", default=8)
     video_fraction: float = _for("pretrain", default=0.1)
     chat_fraction: float = _for("pretrain", default=0.25)
     code_fraction: float = _for("pretrain", default=0.5)
@@ -101,9 +103,9 @@ class DataConfig:
     drill_min_options: int = _for("pretrain", default=3)
 
     def __post_init__(self) -> None:
-        if self.seq_len < 1 or self.rows < 1 or self.prompts_per_step < 1:
-            raise ConfigError(f"seq_len, rows and prompts_per_step must be >= 1 (got {self.seq_len}, {self.rows}, "
-                              f"{self.prompts_per_step}).")
+        if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family) < 1:
+            raise ConfigError(f"seq_len, rows, prompts_per_step and prompts_per_family must be >= 1 (got "
+                              f"{self.seq_len}, {self.rows}, {self.prompts_per_step}, {self.prompts_per_family}).")
         if self.vision_ratio is not None and not 0.0 <= self.vision_ratio <= 1.0:
             raise ConfigError(f"vision_ratio must be in [0, 1] (or none), got {self.vision_ratio}.")
         if self.num_workers < 0 or self.max_bad_in_a_row < 0:

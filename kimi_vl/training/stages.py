@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +32,7 @@ from transformers import AutoTokenizer
 from ..configuration import KimiVLConfig
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
-from ..data.world import TEXT_TASKS, VISION_TASKS, make_samples
+from ..data.world import TEXT_TASKS, VISION_TASKS, make_sample
 from ..errors import CheckpointError, ConfigError
 from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
@@ -205,9 +207,18 @@ def family_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     return tuple(t for f in families for t in RL_FAMILIES[f])
 
 
-def world_prompts(tasks: tuple[str, ...], n: int, seed: int, step: int) -> list[Any]:
-    """Step `step`'s `n` world samples, cycling through `tasks` (a pure function of `(seed, step)`)."""
-    return make_samples(tasks, n, seed=seed * 1_000_003 + step)
+def world_prompts(families: Sequence[str], per_family: int, seed: int, step: int) -> list[Any]:
+    """Rollout batch `step`'s world samples: `per_family` of each task family in `families`, in that order. A
+    family's tasks are dealt round-robin across the steps (from an offset drawn from `seed`), so every task of the
+    family gets the same share of its prompts, exactly over each cycle; adding a family adds its prompts and takes
+    none from the others. A pure function of `(seed, step)`."""
+    out = []
+    for family in families:
+        tasks = family_tasks([family])
+        start = random.Random(f"rl-prompts:{seed}:{family}").randrange(len(tasks)) + step * per_family
+        out += [make_sample(tasks[(start + j) % len(tasks)], random.Random(f"rl:{seed}:{step}:{family}:{j}"))
+                for j in range(per_family)]
+    return out
 
 
 def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
@@ -224,8 +235,8 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     data = cfg.data
     prompts = rl_prompts(data, cfg.seed)
     if prompts is None:
-        tasks = family_tasks(data.families)
-        source = lambda index: (world_prompts(tasks, data.prompts_per_step, cfg.seed, index), [])  # noqa: E731
+        family_tasks(data.families)  # known families
+        source = lambda index: (world_prompts(data.families, data.prompts_per_family, cfg.seed, index), [])  # noqa: E731
     else:
         source = prompts.prompts
     model, processor = load_checkpoint_dir(from_dir)
@@ -245,7 +256,8 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
         "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir),
         "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
-        "prompts_per_step": data.prompts_per_step, "updates_per_batch": cfg.rl.updates_per_batch,
+        "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None
+                             else data.prompts_per_step), "updates_per_batch": cfg.rl.updates_per_batch,
         "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
         "reward_last_fifth": sum(m["reward_mean"] for m in last) / len(last),
         "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),

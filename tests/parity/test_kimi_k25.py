@@ -201,7 +201,7 @@ def test_training_stages_start_from_the_converted_model(converted, tmp_path):
     _, _, root = converted
     out = sft(root / "dst", tmp_path / "sft", steps=2, progress=False, val_batches=1)
     assert read_summary(out)["complete"]
-    out = rl(out, tmp_path / "rl", steps=1, progress=False, prompts_per_step=2, k=2, max_new_tokens=4)
+    out = rl(out, tmp_path / "rl", steps=1, progress=False, prompts_per_family=1, k=2, max_new_tokens=4)
     model = KimiVLForConditionalGeneration.from_pretrained(out)
     assert model.config.text_config.layer_types == ["mla_rope", "mla_rope"]
 

@@ -18,7 +18,7 @@ from kimi_vl.training.stages import build_model, build_processor, load_checkpoin
 from kimi_vl.training.trainer import read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
-RL_ARGS = ["--prompts-per-step", "4", "--k", "2", "--max-new-tokens", "6", "--no-progress"]
+RL_ARGS = ["--prompts-per-family", "2", "--k", "2", "--max-new-tokens", "6", "--no-progress"]
 STABLE = ("loss", "reward_mean", "masked_fraction", "log_ratio_abs_mean", "grad_norm", "tokens", "rollout")
 
 
@@ -94,7 +94,7 @@ def test_off_policy_updates_bf16_autocast_and_checkpoint_boundaries(checkpoint, 
     """Two updates per rollout batch: the second sees a log-ratio (the K2.5 mask and penalty act) and reuses the
     batch; checkpoints fall only on rollout-batch boundaries; the whole step runs under bf16 autocast on CPU."""
     out = rl(checkpoint, tmp_path / "rl", steps=3, updates_per_batch=2, checkpoint_every=1, precision="bf16",
-             prompts_per_step=2, k=2, max_new_tokens=4, progress=False)
+             prompts_per_family=1, k=2, max_new_tokens=4, progress=False)
     metrics = read_metrics(out / "metrics.jsonl")
     assert [m["rollout"] for m in metrics] == [0, 0, 1]
     assert metrics[0]["log_ratio_abs_mean"] < metrics[1]["log_ratio_abs_mean"]

@@ -40,7 +40,7 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
 def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
     assert read_summary(sft_dir)["from"] == str(pretrained)
-    full = rl(sft_dir, tmp_path / "rl_full", steps=2, progress=False, checkpoint_every=1, prompts_per_step=4, k=2,
+    full = rl(sft_dir, tmp_path / "rl_full", steps=2, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
               max_new_tokens=6)
     reference = read_metrics(full / "metrics.jsonl")
     assert set(reference[0]) >= {"reward_mean", "response_length", "masked_fraction", "entropy"}
@@ -48,9 +48,9 @@ def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
     assert (full / "plots" / "rewards.png").is_file()
 
     cut = tmp_path / "rl_cut"
-    rl(sft_dir, cut, steps=1, progress=False, checkpoint_every=1, prompts_per_step=4, k=2, max_new_tokens=6)
+    rl(sft_dir, cut, steps=1, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
     (cut / "training_summary.json").unlink()  # as if killed after the step-1 checkpoint
-    rl(sft_dir, cut, steps=2, progress=False, checkpoint_every=1, prompts_per_step=4, k=2, max_new_tokens=6)
+    rl(sft_dir, cut, steps=2, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
     resumed = read_metrics(cut / "metrics.jsonl")
     assert [m["step"] for m in resumed] == [1, 2]
     assert resumed[1]["loss"] == reference[1]["loss"] and resumed[1]["reward_mean"] == reference[1]["reward_mean"]
@@ -110,3 +110,22 @@ def test_stage_outputs_load_without_kimi_vl(pretrained, tmp_path):
     """
     got = run_script(body, tmp_path, block_kimi_vl=True, MODEL=pretrained, PNG=png, MP4=mp4)
     assert_same(got, reference_outputs({"model": model.eval(), "proc": proc, "png": png, "mp4": mp4}))
+
+
+def test_rl_prompts_give_every_task_its_share_and_arms_the_same_text_prompts():
+    """Each family's tasks come equally often over the steps (visual_math and grounding included), and adding the
+    vision family adds its prompts without taking any text prompt away (the Vision-RL ablation's arms)."""
+    from collections import Counter
+
+    from kimi_vl.training.stages import RL_FAMILIES, world_prompts
+
+    seen = Counter()
+    for step in range(40):
+        both = world_prompts(["text", "vision"], 4, seed=0, step=step)
+        text = world_prompts(["text"], 4, seed=0, step=step)
+        assert [s.task for s in both[:4]] == [s.task for s in text] and len(both) == 8
+        assert [s.question for s in both[:4]] == [s.question for s in text]
+        seen.update(s.task for s in both)
+    assert set(seen) == set(RL_FAMILIES["text"]) | set(RL_FAMILIES["vision"])
+    for family in ("text", "vision"):  # 40 steps x 4 prompts: whole cycles of 2 and 8 tasks
+        assert {seen[t] for t in RL_FAMILIES[family]} == {160 // len(RL_FAMILIES[family])}, family
