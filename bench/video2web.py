@@ -19,7 +19,8 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from kimi_vl.data.screencast import make_screencast, write_video
+from kimi_vl.data.screencast import write_video
+from kimi_vl.data.world import make_sample
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import load_model, render_and_score, run_video2web
 from kimi_vl.quickstart import DEMO_SEED
@@ -36,7 +37,7 @@ def main() -> None:
         for i in range(args.n):
             work = Path(tmp) / str(i)
             work.mkdir()
-            cast = make_screencast(random.Random(DEMO_SEED + 1 + i))
+            cast = make_sample("screencast", random.Random(DEMO_SEED + 1 + i), split="eval").video  # held out
             video = write_video(cast.frames, work / "cast.mp4", cast.fps)
             result = run_video2web(video, args.model, work / "model", render=True, max_new_tokens=256, model=model,
                                    processor=processor)

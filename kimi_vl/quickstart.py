@@ -27,7 +27,8 @@ from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
 
 STAGES = ("pretrain", "sft", "rl", "eval", "demo", "report")
-DEMO_SEED = 1_000_000  # far from every training seed: the demo's screencast is held out
+DEMO_SEED = 1_000_000
+"""Seed of the demo's screencast, a page of the world's held-out eval split."""
 CHECKPOINT_FILES = ("config.json", "model.safetensors", "generation_config.json", "processor_config.json",
                     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                     "chat_template.json", "preprocessor_config.json", "video_preprocessor_config.json",
@@ -46,10 +47,16 @@ EVAL_STAGES = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "afte
 """The checkpoints `run_eval` evaluates, with their REPORT.md column headings."""
 
 
+FRESH_SEED_OFFSET = 1
+"""The fresh draw of the proxies (the final model's score on other held-out items) uses the next seed."""
+KEEP = ("accuracy", "correct", "total", "proxy", "chance", "constant", "constant_answer", "categories")
+
+
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
     """Evaluate the pre-trained, SFT and RL checkpoints (the same prompts for all three: the pre-trained model has
-    seen chats only with images, so its text scores show what SFT adds); proxies use `PROXY_EVAL_CONFIG`, real
-    benchmarks their official settings."""
+    seen chats only with images, so its text scores show what SFT adds), and on the proxies also the RL checkpoint
+    on a fresh draw (another seed: the skill, not the items); proxies use `PROXY_EVAL_CONFIG`, real benchmarks
+    their official settings."""
     import dataclasses
 
     from .eval.config import EvalConfig
@@ -64,34 +71,16 @@ def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress
     else:
         benchmarks, options = ["mmlu_pro", "mathvista"], EvalConfig()
     config = dataclasses.replace(options, data_dir=data_dir, limit=limit, progress=progress)
+    runs = {name: (out / name, config) for name in EVAL_STAGES}
+    if data_dir is None:
+        runs["fresh"] = (out / "rl", dataclasses.replace(config, proxy_seed=config.proxy_seed + FRESH_SEED_OFFSET))
     results = {}
-    for name in EVAL_STAGES:
-        report = evaluate(out / name, benchmarks, out / "eval" / name, config)
-        results[name] = {b: {k: v for k, v in e.items() if k in ("accuracy", "correct", "total", "proxy")}
-                         for b, e in report["benchmarks"].items()}
-    results["chance"] = chance_levels(benchmarks, limit)
+    for name, (model_dir, cfg) in runs.items():
+        report = evaluate(model_dir, benchmarks, out / "eval" / name, cfg)
+        results[name] = {b: {k: v for k, v in e.items() if k in KEEP} for b, e in report["benchmarks"].items()}
     results["settings"] = options.changes()
     marker.write_text(json.dumps(results, indent=1))
     return results
-
-
-def chance_levels(benchmarks: list[str], limit: int | None) -> dict[str, float]:
-    """Expected accuracy of uniform random guessing on each proxy (multiple choice: 1 / options; free form: 0)."""
-    import tempfile
-
-    from .data.world import mathvista_rows, mmlu_pro_rows
-    from .eval.proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE, PROXY_SEED
-
-    out = {}
-    if "mmlu_pro_synth" in benchmarks:
-        rows = mmlu_pro_rows(limit or MMLU_PRO_SYNTH_SIZE, PROXY_SEED)
-        out["mmlu_pro_synth"] = sum(1 / len(r["options"]) for r in rows) / len(rows)
-    if "mathvista_synth" in benchmarks:
-        with tempfile.TemporaryDirectory() as tmp:
-            rows = list(mathvista_rows(limit or MATHVISTA_SYNTH_SIZE, PROXY_SEED, Path(tmp)).values())
-        out["mathvista_synth"] = sum(1 / len(r["choices"]) if r["question_type"] == "multi_choice" else 0.0
-                                     for r in rows) / len(rows)
-    return out
 
 
 def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
@@ -102,17 +91,18 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     import numpy as np
     from PIL import Image
 
-    from .data.screencast import make_screencast, write_video
+    from .data.screencast import write_video
+    from .data.world import make_sample
     from .demos.render import BrowserNotFoundError, find_chromium
     from .demos.similarity import page_similarity
-    from .demos.video2web import run_video2web
+    from .demos.video2web import render_and_score, run_video2web
 
     marker = out / "demo" / "done.json"
     if (done := _done(marker)) is not None:
         return done
     demo = out / "demo"
     demo.mkdir(parents=True, exist_ok=True)
-    cast = make_screencast(random.Random(DEMO_SEED))
+    cast = make_sample("screencast", random.Random(DEMO_SEED), split="eval").video  # a held-out page
     video = write_video(cast.frames, demo / "screencast.mp4", cast.fps)
     (demo / "target.html").write_text(cast.html)
     try:
@@ -124,9 +114,10 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     frames = [np.asarray(f) for f in cast.frames]
     w, h = cast.frames[0].size
     blank = page_similarity(frames, Image.new("RGB", (w, 8 * h), "white")).score
+    true = render_and_score(demo / "target.html", np.stack(frames), demo / "true")[3]["score"] if render else None
     summary = {"video": str(video), "site": str(result.site), "stop": result.stop, "new_tokens": result.new_tokens,
                "rendered": render, "score": (result.score or {}).get("score"), "blank_page_score": blank,
-               "compare": str(result.compare) if result.compare else None}
+               "true_page_score": true, "compare": str(result.compare) if result.compare else None}
     marker.write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -175,6 +166,50 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     return out / "REPORT.md"
 
 
+def _cell(entry: dict[str, Any]) -> str:
+    return f"{100 * entry['accuracy']:.1f}% ({entry['correct']}/{entry['total']})"
+
+
+def evaluation_section(ev: dict[str, Any]) -> list[str]:
+    """REPORT.md's evaluation: each benchmark against chance and the best constant answer at every stage, the fresh
+    draw, MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision
+    SFT to vision."""
+    proxy = any(e.get("proxy") for e in ev.get("sft", {}).values())
+    stages = [n for n in (*EVAL_STAGES, "fresh") if n in ev]
+    heads = {**EVAL_STAGES, "fresh": "after RL, fresh draw"}
+    lines = ["## Evaluation" + (" (synthetic proxies, not the real benchmarks)" if proxy else ""), "",
+             "| benchmark | chance | constant answer | " + " | ".join(heads[n] for n in stages) + " |",
+             "|---|---|---|" + "---|" * len(stages)]
+    for name, entry in ev["sft"].items():
+        lines.append(f"| {name} | {100 * entry['chance']:.1f}% | {100 * entry['constant']:.1f}% "
+                     f"({entry['constant_answer']}) | " + " | ".join(_cell(ev[n][name]) for n in stages) + " |")
+    vision = next((n for n in ev["sft"] if n.startswith("mathvista")), None)
+    if vision is not None:
+        parts = list(ev["rl"][vision]["categories"])
+        lines += ["", f"{vision} by part (category: general-vqa = counting, math-targeted-vqa = values read off "
+                  "charts and diagrams):", "", "| part | " + " | ".join(heads[n] for n in stages) + " |",
+                  "|---|" + "---|" * len(stages)]
+        for part in parts:
+            lines.append(f"| {part} | " + " | ".join(_cell(ev[n][vision]["categories"][part]) for n in stages) + " |")
+        if "pretrain" in ev:
+            before, after = ev["pretrain"][vision]["accuracy"], ev["sft"][vision]["accuracy"]
+            lines += ["", f"Zero-vision SFT (no image in any SFT sample) moves {vision} from {100 * before:.1f}% to "
+                      f"{100 * after:.1f}% ({100 * (after - before):+.1f} points)."]
+        rl = ev["rl"][vision]
+        lines.append(f"After RL, {vision} is {100 * (rl['accuracy'] - rl['constant']):+.1f} points from its best "
+                     f"constant answer.")
+    lines += ["", "Accuracy is the benchmark's own generative protocol: greedy generation, the official answer "
+              "extraction (MathVista: its rules, then a rule-based stand-in for its GPT extractor) and scoring "
+              "(MMLU-Pro: a response without an extractable letter gets the official random guess). Chance is the "
+              "expected accuracy of uniform guessing; the constant answer is the best single answer given to every "
+              "question (a score is above chance only when it is above this)." + (
+                  " The proxies' items are held out from every training draw by construction (the world's eval "
+                  "split); the fresh draw is another seed of them." if proxy else ""),
+              f"Settings: {ev.get('settings')}. Per-item responses and per-category reports are under "
+              + ", ".join(f"`eval/{n}/`" for n in stages) + ".", ""]
+    return lines
+
+
 def _img(path: Path, out: Path, alt: str) -> str:
     return f"![{alt}]({path.relative_to(out)})" if path.is_file() else f"({alt}: not produced)"
 
@@ -204,30 +239,18 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
               _img(out / "rl/plots/rewards.png", out, "RL rewards"), "",
               _img(out / "rl/plots/rl_stats.png", out, "RL statistics"), ""]
     if ev:
-        proxy = any(e.get("proxy") for e in ev.get("sft", {}).values())
-        stages = [name for name in EVAL_STAGES if name in ev]
-        lines += ["## Evaluation" + (" (synthetic proxies, not the real benchmarks)" if proxy else ""), "",
-                  "| benchmark | chance | " + " | ".join(EVAL_STAGES[n] for n in stages) + " |",
-                  "|---|---|" + "---|" * len(stages)]
-        for task in ev.get("sft", {}):
-            chance = ev.get("chance", {}).get(task)
-            cells = [f"{100 * ev[n][task]['accuracy']:.1f}% ({ev[n][task]['correct']}/{ev[n][task]['total']})"
-                     for n in stages]
-            lines.append(f"| {task} | {'' if chance is None else f'{100 * chance:.1f}%'} | " + " | ".join(cells)
-                         + " |")
-        lines += ["", "Accuracy is the benchmark's own generative protocol: greedy generation, the official answer "
-                  "extraction (MathVista: its rules, then a rule-based stand-in for its GPT extractor) and "
-                  "scoring (MMLU-Pro: a response without an extractable letter gets the official random guess); "
-                  "chance is the expected accuracy of uniform guessing.",
-                  f"Settings: {ev.get('settings')}. Per-item responses and per-category reports are under "
-                  + ", ".join(f"`eval/{n}/`" for n in stages) + ".", ""]
+        lines += evaluation_section(ev)
     if demo:
         lines += ["## Video to website", "",
                   f"Held-out screencast `demo/screencast.mp4` (target `demo/target.html`, output `demo/site.html`); "
                   f"generation stopped by `{demo['stop']}` after {demo['new_tokens']} tokens."]
         if demo["rendered"]:
+            gap = (demo["score"] - demo["blank_page_score"]) / max(1e-9, demo["true_page_score"]
+                                                                    - demo["blank_page_score"])
             lines += [f"Visual similarity to the video's frames: {demo['score']:.3f} (a blank white page: "
-                      f"{demo['blank_page_score']:.3f}).", "", _img(out / "demo/compare.png", out, "frame | render")]
+                      f"{demo['blank_page_score']:.3f}, the true page: {demo['true_page_score']:.3f}): the page "
+                      f"closes {100 * gap:.0f}% of the gap from blank to true.", "",
+                      _img(out / "demo/compare.png", out, "frame | render")]
         else:
             lines += ["Chromium is not installed, so the page was not rendered (`apt-get install chromium`)."]
         lines.append("")

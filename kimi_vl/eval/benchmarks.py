@@ -75,6 +75,9 @@ class MMLUPro(Benchmark):
     def extract(self, prompts: Prompts, responses: dict[str, str], run: EvalRun) -> dict[str, Any]:
         return {it.id: mp.extract_answer(responses[it.id], level=3) for it in prompts.items}
 
+    def baselines(self, data: BenchmarkData) -> dict[str, Any]:
+        return mp.baselines(list(data.rows.values()))
+
     def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
               run: EvalRun) -> dict[str, Any]:
         config = run.config
@@ -159,6 +162,9 @@ class MathVista(Benchmark):
                 loader = lambda p=problem: mv.load_problem_image(p)  # noqa: E731
             items.append(Item(pid, mv.query_of(problem), chat, problem, loader))
         return Prompts(items, self.budget(config), (), {"source": data.source})
+
+    def baselines(self, data: BenchmarkData) -> dict[str, Any]:
+        return mv.baselines(data.rows)
 
     def extract(self, prompts: Prompts, responses: dict[str, str], run: EvalRun) -> dict[str, Any]:
         """The official rules, then the configured extractor; an LLM extractor (`self` or a model directory) is

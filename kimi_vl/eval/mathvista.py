@@ -34,6 +34,7 @@ from __future__ import annotations
 import io
 import os
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -389,6 +390,29 @@ def compute_scores(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
         }
         scores[key] = dict(sorted(per_value.items(), key=lambda item: float(item[1]["accuracy"]), reverse=True))
     return scores
+
+
+def baselines(problems: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """What answering without reading gets on `problems`: `chance` (uniform guessing among the choices; free-form
+    questions count 0) and `constant` (on multiple choice always the letter most often correct, on free form always
+    the most frequent answer; `constant_answer` names them)."""
+    rows = list(problems.values())
+    if not rows:
+        return {"chance": 0.0, "constant": 0.0, "constant_answer": "none"}
+    mc = [p for p in rows if p["question_type"] == "multi_choice"]
+    free = [str(p["answer"]) for p in rows if p["question_type"] != "multi_choice"]
+    hits, described = 0, []
+    if mc:
+        indices = Counter(list(p["choices"]).index(p["answer"]) for p in mc)
+        index, n = min(indices.items(), key=lambda kv: (-kv[1], kv[0]))
+        hits += n
+        described.append(f"({chr(ord('A') + index)}) on multiple choice")
+    if free:
+        answer, n = min(Counter(free).items(), key=lambda kv: (-kv[1], kv[0]))
+        hits += n
+        described.append(f"{answer} on free form")
+    return {"chance": sum(1 / len(p["choices"]) for p in mc) / len(rows), "constant": hits / len(rows),
+            "constant_answer": ", ".join(described)}
 
 
 def leaderboard(scores: Mapping[str, Any]) -> dict[str, float]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import os
 import random
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
@@ -214,6 +215,17 @@ def extract_answer(text: str, level: int = 3) -> str | None:
         if match:
             return match.group(1) if pattern.groups else match.group(0)
     return None
+
+
+def baselines(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """What answering without reading gets on `rows`: `chance` (uniform guessing, 1 / options) and `constant` (always
+    the most frequent correct letter; `constant_answer` names it)."""
+    if not rows:
+        return {"chance": 0.0, "constant": 0.0, "constant_answer": "none"}
+    counts = Counter(r["answer"] for r in rows)
+    letter, hits = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+    return {"chance": sum(1 / len(r["options"]) for r in rows) / len(rows), "constant": hits / len(rows),
+            "constant_answer": f"always ({letter})"}
 
 
 def random_guess(num_options: int, seed: int = RANDOM_SEED) -> int:

@@ -13,6 +13,11 @@ in this order:
    `categories`, `category_label`, `settings`, `deviations`, ...; see `kimi_vl.eval.report`), writing the
    per-item results under `run.out_dir`.
 
+Every entry also states the accuracy a model would get without reading the questions (`baselines(data)`):
+`chance` (uniform guessing: 1 / options on multiple choice, 0 on free form) and `constant` (the best single constant
+answer: the most frequent correct letter, and on free form the most frequent answer), with `constant_answer`
+saying what that answer is. A score means something only well above `constant`.
+
 The runner generates between steps 2 and 3 (batched, cached, resumable; `run.generate` is there for benchmarks
 that generate again, e.g. with an LLM answer extractor) and puts `benchmark`, `title` and `proxy` first in each
 entry. `register(obj)` adds a benchmark; `parse_benchmarks` selects them by name or alias (`ALIASES`).
@@ -106,6 +111,10 @@ class Benchmark(abc.ABC):
     def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
               run: EvalRun) -> dict[str, Any]:
         """The report entry; writes the per-item results under `run.out_dir`."""
+
+    @abc.abstractmethod
+    def baselines(self, data: BenchmarkData) -> dict[str, Any]:
+        """`{"chance", "constant", "constant_answer"}` of the rows (see the module docstring)."""
 
 
 BENCHMARKS: dict[str, Benchmark] = {}

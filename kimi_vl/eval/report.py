@@ -31,15 +31,17 @@ def render_markdown(report: dict[str, Any]) -> str:
     model = report.get("model", {})
     lines = ["# Evaluation report", "", f"Model: `{model.get('name', '?')}` ({model.get('class', '?')}, "
              f"{model.get('device', '?')}, {model.get('dtype', '?')})", ""]
-    lines += ["| benchmark | accuracy | correct | total |", "|---|---|---|---|"]
+    lines += ["| benchmark | accuracy | correct | total | chance | constant answer |", "|---|---|---|---|---|---|"]
     for entry in report["benchmarks"].values():
         lines.append(f"| {benchmark_title(entry)} | {_pct(entry['accuracy'])} | {entry['correct']} | "
-                     f"{entry['total']} |")
+                     f"{entry['total']} | {_pct(entry['chance'])} | {_pct(entry['constant'])} |")
     for name, entry in report["benchmarks"].items():
         lines += ["", f"## {benchmark_title(entry)}", ""]
         if entry.get("proxy"):
             lines += ["Built from the synthetic world: a proxy in the benchmark's format, not the benchmark.", ""]
-        lines.append(f"Accuracy {_pct(entry['accuracy'])} ({entry['correct']}/{entry['total']}).")
+        lines.append(f"Accuracy {_pct(entry['accuracy'])} ({entry['correct']}/{entry['total']}); uniform guessing "
+                     f"{_pct(entry['chance'])}, the best constant answer ({entry['constant_answer']}) "
+                     f"{_pct(entry['constant'])}.")
         if "random_guesses" in entry:
             lines.append(f"Questions scored by the official random guess (no answer extracted): "
                          f"{entry['random_guesses']}.")

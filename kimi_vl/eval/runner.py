@@ -160,7 +160,8 @@ def evaluate(
         responses = run.generate(b.name, prompts[b.name], progress_callback=progress_callback)
         answers = b.extract(prompts[b.name], responses, run)
         entry = b.score(prompts[b.name], responses, answers, run)
-        report["benchmarks"][b.name] = {"benchmark": b.name, "title": b.title, "proxy": b.proxy, **entry}
+        report["benchmarks"][b.name] = {"benchmark": b.name, "title": b.title, "proxy": b.proxy, **entry,
+                                        **b.baselines(data[b.name])}
     files = write_reports(report, out)
     report["files"] = {k: str(v) for k, v in files.items()}
     return report
@@ -182,7 +183,8 @@ def run_eval_from_args(args: argparse.Namespace) -> dict[str, Any]:
     """Run `evaluate` from parsed `add_eval_arguments` options; prints a summary and returns the report."""
     report = evaluate(args.model, args.benchmarks, args.out, config_from_args(args))
     for entry in report["benchmarks"].values():
-        print(f"{benchmark_title(entry)}: {100 * entry['accuracy']:.2f}% ({entry['correct']}/{entry['total']})")
+        print(f"{benchmark_title(entry)}: {100 * entry['accuracy']:.2f}% ({entry['correct']}/{entry['total']}); "
+              f"chance {100 * entry['chance']:.1f}%, constant answer {100 * entry['constant']:.1f}%")
     print(f"wrote {report['files']['md']}")
     return report
 

@@ -27,7 +27,8 @@ def test_quickstart_smoke(tmp_path):
         with Image.open(out / rel) as im:
             assert im.format == "PNG" and im.width > 50
     evals = json.loads((out / "eval" / "done.json").read_text())
-    assert set(evals["sft"]) == {"mmlu_pro_synth", "mathvista_synth"} and evals["chance"]["mmlu_pro_synth"] == 0.1
+    assert set(evals["sft"]) == {"mmlu_pro_synth", "mathvista_synth"} and evals["sft"]["mmlu_pro_synth"]["chance"] == 0.1
+    assert set(evals) >= {"pretrain", "sft", "rl", "fresh"} and "constant" in evals["fresh"]["mathvista_synth"]
     assert (out / "demo" / "site.html").read_text().startswith("<!DOCTYPE html>")
     before = (out / "model" / "model.safetensors").stat().st_mtime
     assert main(["quickstart", "--out", str(out), "--scale", "0.02", "--eval-limit", "4"]) == 0  # all stages done
@@ -35,23 +36,35 @@ def test_quickstart_smoke(tmp_path):
     assert json.loads((out / "stage_times.json").read_text()).keys() >= {"pretrain", "sft", "rl", "eval", "demo"}
 
 
-def test_report_shows_every_evaluated_stage_against_chance(tmp_path):
-    """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL), chance, and
-    says how accuracy was measured; an older eval/done.json without the pre-training entry still renders."""
+def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
+    """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL, the fresh draw),
+    chance and the best constant answer, MathVista's two parts, the zero-vision SFT transfer, and says how accuracy
+    was measured; an eval/done.json without the pre-training entry still renders."""
     from kimi_vl.eval.proxies import PROXY_EVAL_CONFIG
-    from kimi_vl.quickstart import EVAL_STAGES, write_report
+    from kimi_vl.quickstart import write_report
 
     (tmp_path / "eval").mkdir()
-    entry = lambda c: {"proxy": True, "accuracy": c / 100, "correct": c, "total": 100}  # noqa: E731
-    done = {name: {"mmlu_pro_synth": entry(10 + i), "mathvista_synth": entry(20 + i)}
-            for i, name in enumerate(EVAL_STAGES)}
-    done.update(chance={"mmlu_pro_synth": 0.1, "mathvista_synth": 0.0468}, settings=PROXY_EVAL_CONFIG.changes())
+
+    def entry(c, parts=False):
+        e = {"proxy": True, "accuracy": c / 100, "correct": c, "total": 100, "chance": 0.05, "constant": 0.13,
+             "constant_answer": "(D) on multiple choice, 3 on free form", "categories": {}}
+        if parts:
+            e["categories"] = {"general-vqa": {"accuracy": c / 40, "correct": c // 4, "total": 40},
+                               "math-targeted-vqa": {"accuracy": c / 60, "correct": c // 6, "total": 60}}
+        return e
+
+    done = {name: {"mmlu_pro_synth": entry(70 + i), "mathvista_synth": entry(20 + i, parts=True)}
+            for i, name in enumerate(("pretrain", "sft", "rl", "fresh"))}
+    done.update(settings=PROXY_EVAL_CONFIG.changes())
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
     report = write_report(tmp_path, {"pretrain": 1.0}).read_text()
-    assert "| benchmark | chance | after pre-training | after SFT | after RL |" in report
-    assert "| mmlu_pro_synth | 10.0% | 10.0% (10/100) | 11.0% (11/100) | 12.0% (12/100) |" in report
-    assert "| mathvista_synth | 4.7% | 20.0% (20/100) | 21.0% (21/100) | 22.0% (22/100) |" in report
-    assert "official answer extraction" in report
+    assert ("| benchmark | chance | constant answer | after pre-training | after SFT | after RL | after RL, fresh draw |"
+            in report)
+    assert "| mathvista_synth | 5.0% | 13.0% ((D) on multiple choice, 3 on free form) | 20.0% (20/100) |" in report
+    assert "| general-vqa | 50.0% (5/40) |" in report and "| math-targeted-vqa |" in report
+    assert "moves mathvista_synth from 20.0% to 21.0% (+1.0 points)" in report
+    assert "After RL, mathvista_synth is +9.0 points from its best constant answer." in report
+    assert "official answer extraction" in report and "held out from every training draw" in report
     del done["pretrain"]
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
-    assert "| benchmark | chance | after SFT | after RL |" in write_report(tmp_path, {}).read_text()
+    assert "| after SFT | after RL | after RL, fresh draw |" in write_report(tmp_path, {}).read_text()

@@ -155,3 +155,21 @@ def test_local_testmini_json_and_images(tmp_path, mathvista_testmini):
     with pytest.raises(InvalidMediaError, match="images.zip"):
         mv.load_problem_image(problems["2"])
     assert list(mv.iter_ordered(problems, 1)) == ["1"]
+
+
+def test_constant_answer_baseline():
+    """Without reading: uniform guessing gets 1 / choices on multiple choice and nothing on free form; the best
+    constant answer (the letter most often right, the most frequent free-form answer) gets their counts."""
+    from kimi_vl.eval.mathvista import baselines
+
+    problems = {
+        "1": {"question_type": "multi_choice", "choices": ["a", "b", "c", "d"], "answer": "d"},
+        "2": {"question_type": "multi_choice", "choices": ["x", "y", "z", "w"], "answer": "w"},
+        "3": {"question_type": "multi_choice", "choices": ["p", "q"], "answer": "p"},
+        "4": {"question_type": "free_form", "choices": None, "answer": "3"},
+        "5": {"question_type": "free_form", "choices": None, "answer": "3"},
+        "6": {"question_type": "free_form", "choices": None, "answer": "7"},
+    }
+    b = baselines(problems)
+    assert b["chance"] == pytest.approx((0.25 + 0.25 + 0.5) / 6) and b["constant"] == pytest.approx(4 / 6)
+    assert b["constant_answer"] == "(D) on multiple choice, 3 on free form"

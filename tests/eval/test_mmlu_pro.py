@@ -177,3 +177,12 @@ def test_hub_unreachable_fails_fast(monkeypatch):
     with pytest.raises(DataUnavailableError, match="--data-dir"):
         mp.load_mmlu_pro(None)
     assert time.monotonic() - start < 10
+
+
+def test_constant_answer_baseline():
+    from kimi_vl.eval.mmlu_pro import baselines
+
+    rows = [{"answer": a, "options": ["o"] * n} for a, n in (("C", 10), ("C", 10), ("A", 4), ("B", 10))]
+    b = baselines(rows)
+    assert b["constant"] == 0.5 and b["constant_answer"] == "always (C)"
+    assert b["chance"] == pytest.approx((0.1 + 0.1 + 0.25 + 0.1) / 4)

@@ -74,6 +74,9 @@ class Colours(Benchmark):
         return {"accuracy": correct / len(right), "correct": correct, "total": len(right), "categories": groups,
                 "settings": {"source": prompts.info["source"]}, "deviations": []}
 
+    def baselines(self, data):
+        return {"chance": 0.0, "constant": 1 / len(data.rows), "constant_answer": "always red"}
+
 
 @pytest.fixture
 def colours():
@@ -94,7 +97,8 @@ def test_registered_benchmark_runs_end_to_end(tmp_path, colours):
     assert seen == [("colours", 4, 6), ("colours", 6, 6)]
     assert json.loads((tmp_path / "results.colours.json").read_text())["c0"] is False
     assert len((tmp_path / "responses.colours.jsonl").read_text().splitlines()) == 6
-    assert "| Colours | 66.67% | 4 | 6 |" in (tmp_path / "report.md").read_text()
+    assert "| Colours | 66.67% | 4 | 6 | 0.00% | 16.67% |" in (tmp_path / "report.md").read_text()
+    assert entry["constant_answer"] == "always red"
     assert (tmp_path / "colours_categories.png").stat().st_size > 0
 
     engine.calls.clear()  # cached responses are reused; a config budget overrides the benchmark's
