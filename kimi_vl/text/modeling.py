@@ -299,8 +299,12 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        loss_normalisation: str = "token",
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        """Next-token logits `[B, T, vocab]` (the last `logits_to_keep` positions when set) and, with `labels`, the
+        loss (`causal_lm_loss`; `loss_normalisation="document"` weighs every packed sequence of `cu_seqlens`
+        equally)."""
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
@@ -310,7 +314,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
         loss = None
         if labels is not None:
-            loss = causal_lm_loss(logits, labels, cu_seqlens)
+            loss = causal_lm_loss(logits, labels, cu_seqlens, per_document=loss_normalisation == "document")
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
         )
@@ -328,10 +332,23 @@ def next_token_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = N
 
 
 def causal_lm_loss(
-    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None
+    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
 ) -> torch.Tensor:
-    """Mean next-token cross-entropy over the `next_token_targets` != -100 (fp32)."""
+    """Next-token cross-entropy over the `next_token_targets` != -100 (fp32): the mean over those tokens, or with
+    `per_document` (needs `cu_seqlens`) the mean over the packed sequences that have targets of each one's token
+    mean (a document with a short answer weighs as much as a long one)."""
     if labels.shape != logits.shape[:2]:
         raise ShapeError(f"labels have shape {tuple(labels.shape)}; expected {tuple(logits.shape[:2])}.")
     target = next_token_targets(labels, cu_seqlens)
-    return F.cross_entropy(logits[:, :-1].flatten(0, 1).float(), target.flatten(), ignore_index=-100)
+    flat = logits[:, :-1].flatten(0, 1).float()
+    if not per_document:
+        return F.cross_entropy(flat, target.flatten(), ignore_index=-100)
+    if cu_seqlens is None or labels.shape[0] != 1:
+        raise ShapeError("per-document loss normalisation needs packed inputs: batch 1 with cu_seqlens.")
+    losses = F.cross_entropy(flat, target.flatten(), ignore_index=-100, reduction="none")
+    valid = target.flatten() != -100
+    segment = torch.searchsorted(cu_seqlens[1:].to(flat.device).long(), torch.arange(len(losses), device=flat.device),
+                                 right=True)
+    counts = torch.bincount(segment[valid], minlength=len(cu_seqlens) - 1).float()
+    weights = torch.where(valid, 1.0 / counts.clamp(min=1.0)[segment], torch.zeros_like(losses))
+    return (losses * weights).sum() / (counts > 0).sum().clamp(min=1)

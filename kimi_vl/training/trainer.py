@@ -77,6 +77,9 @@ class TrainConfig:
         keep_checkpoints: newest checkpoints kept.
         val_every: steps between validation losses (0: only at the end, when there is validation data).
         val_batches: batches per validation loss.
+        loss_normalisation: token (the mean over every target token of a batch) or document (each packed document
+            weighs the same: the mean of the documents' token means, so short answers count as much as long texts;
+            validation losses stay token means).
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), no (fp32) or bf16.
         progress: show a progress bar.
     """
@@ -97,6 +100,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     val_every: int = _packed_only(0)
     val_batches: int = _packed_only(4)
+    loss_normalisation: str = field(default="token", metadata={"stages": ("pretrain", "sft"),
+                                                               "choices": ("token", "document")})
     precision: str = "auto"
     progress: bool = True
 
@@ -107,6 +112,8 @@ class TrainConfig:
             raise ConfigError(f"optimizer must be 'muonclip' or 'adamw', got {self.optimizer!r}.")
         if not 0 <= self.decay_fraction <= 1 or not 0 <= self.min_lr_ratio <= 1:
             raise ConfigError("decay_fraction and min_lr_ratio must lie in [0, 1].")
+        if self.loss_normalisation not in ("token", "document"):
+            raise ConfigError(f"loss_normalisation must be 'token' or 'document', got {self.loss_normalisation!r}.")
         if self.precision not in ("auto", "no", "bf16"):
             raise ConfigError(f"precision must be 'auto', 'no' or 'bf16', got {self.precision!r}.")
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
@@ -191,7 +198,7 @@ class LanguageModelStep:
             batch = batch.to(acc.device)
             sync = nullcontext() if micro == grad_accum - 1 else acc.no_sync(trainer.model)
             with sync, acc.autocast():
-                loss = trainer.model(**batch.model_inputs()).loss
+                loss = trainer.model(**batch.model_inputs(), loss_normalisation=trainer.cfg.loss_normalisation).loss
             acc.backward(loss / grad_accum)
             total += loss.detach().float().item() / grad_accum
             tokens += batch.num_tokens

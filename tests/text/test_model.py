@@ -234,3 +234,20 @@ def test_hidden_states_and_gradient_checkpointing():
     for n, p in model.named_parameters():
         if n in ref:
             assert torch.allclose(p.grad, ref[n], atol=1e-6), n
+
+
+def test_per_document_loss_weighs_every_packed_sequence_equally():
+    """`per_document`: the mean over the packed sequences of each one's token mean (boundary targets excluded as in
+    the token mean), so a 2-target document counts as much as a 5-target one; it needs packed inputs."""
+    from kimi_vl.errors import ShapeError
+    from kimi_vl.text.modeling import causal_lm_loss
+
+    logits, labels = torch.randn(1, 10, 7), torch.randint(0, 7, (1, 10))
+    labels[0, 2] = -100
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    ce = torch.nn.functional.cross_entropy(logits[0, :-1], labels[0, 1:], reduction="none")
+    expected = (ce[[0, 2]].mean() + ce[4:9].mean()) / 2  # position 1's target is -100, position 3 crosses the boundary
+    torch.testing.assert_close(causal_lm_loss(logits, labels, cu, per_document=True), expected)
+    torch.testing.assert_close(causal_lm_loss(logits, labels, cu), ce[[0, 2, 4, 5, 6, 7, 8]].mean())
+    with pytest.raises(ShapeError, match="packed inputs"):
+        causal_lm_loss(logits, labels, per_document=True)
