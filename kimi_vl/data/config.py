@@ -68,6 +68,7 @@ class DataConfig:
         drill_batches: (embedded data) first batches whose text is the option-letter drill.
         drill_lookups: (embedded data) lookups per drill document.
         drill_min_options: (embedded data) fewest options of a drill question.
+        drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks).
     """
 
     sources: list[str] = _for(*ALL, flag="--data", factory=list)
@@ -101,6 +102,7 @@ class DataConfig:
     drill_batches: int = _for("pretrain", default=0)
     drill_lookups: int = _for("pretrain", default=5)
     drill_min_options: int = _for("pretrain", default=3)
+    drill_vision_tasks: dict[str, float] | None = _for("pretrain")
 
     def __post_init__(self) -> None:
         if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family) < 1:
@@ -125,7 +127,8 @@ def _embedded_pretrain(cfg: DataConfig, processor: Any, seed: int, *, drill: boo
         vision_ratio=cfg.vision_ratio, video_fraction=cfg.video_fraction,
         chat_fraction=cfg.chat_fraction, code_fraction=cfg.code_fraction, text_chat_fraction=cfg.text_chat_fraction,
         text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, drill_batches=cfg.drill_batches if drill else 0,
-        drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options)
+        drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options,
+        drill_vision_tasks=cfg.drill_vision_tasks)
 
 
 VAL_SEED_OFFSET = 1_000_003

@@ -97,6 +97,7 @@ def embedded_pretrain_stream(
     drill_batches: int = 0,
     drill_lookups: int = 5,
     drill_min_options: int = 3,
+    drill_vision_tasks: dict[str, float] | None = None,
 ) -> PackedStream | WarmupStream:
     """The joint text-vision pre-training stream (embedded data only).
 
@@ -111,7 +112,8 @@ def embedded_pretrain_stream(
     With `drill_batches > 0` the stream is a `WarmupStream`: in its first `drill_batches` batches every text
     document is an option-letter drill (`option_drill_document` with `drill_lookups` lookups among
     `drill_min_options` to 10 options), and the vision documents are image tasks in chat form (loss on their short
-    replies only, no screencasts), at the same vision ratio. Finding an option's letter from its value is the last
+    replies only, no screencasts; the tasks drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a
+    short-reply image curriculum), at the same vision ratio. Finding an option's letter from its value is the last
     step of every multiple-choice answer; in the mixture alone a tiny model does not learn it within the
     quickstart's minutes (its letters are a few tokens among many), after the drill it keeps the skill and applies
     it to the mixture's questions.
@@ -143,8 +145,11 @@ def embedded_pretrain_stream(
     if not drill_batches:
         return main
 
+    pick_drill_vision = pick_vision if drill_vision_tasks is None else _task_picker(
+        VISION_TASKS, drill_vision_tasks, "drill_vision_tasks")
+
     def drill_vision_doc(draws: BatchDraws) -> Document:  # short replies: the letters keep their share of the loss
-        return encode_sample(make_sample(pick_vision(draws.rng), draws.rng), processor, chat=True)
+        return encode_sample(make_sample(pick_drill_vision(draws.rng), draws.rng), processor, chat=True)
 
     drill = PackedStream(lambda draws: option_drill_document(draws.rng, processor, drill_lookups, drill_min_options),
                          seq_len=seq_len, rows=rows, seed=seed, vision_ratio=vision_ratio,
