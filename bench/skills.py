@@ -9,6 +9,11 @@ Teacher-forced, so each number isolates one skill from the others:
   next token the right colour? Chance 10%: whether the language model reads the image tokens.
 - `probe`: a linear probe (logistic regression, 300 training images) on the vision tower's mean-pooled features
   of the same images, scored on 100 others: whether the colour is in the vision features at all.
+- `count`, `bar value`: generated (greedy, 24 tokens) answers to the world's counting and bar-value questions,
+  the number after "The answer is" compared with the truth: the two skills of the MathVista proxy.
+
+Items come from the world's `--split` (`eval`: the held-out items the reported figures use; `val`: the
+validation draw, for tuning); the probe trains on training images.
 
     python bench/skills.py --model runs/quickstart/pretrain runs/quickstart/sft
 """
@@ -25,6 +30,7 @@ from kimi_vl.data import PackedStream, option_drill_document
 from kimi_vl.data.world import COLORS, make_samples
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
+from kimi_vl.training.rewards import extract_number
 
 
 def _next_token(model, processor, text: str, image=None) -> str:
@@ -34,8 +40,8 @@ def _next_token(model, processor, text: str, image=None) -> str:
     return processor.tokenizer.decode([int(logits.argmax())]).strip()
 
 
-def letter_accuracy(model, processor) -> float:
-    test, val = mmlu_pro_synth()
+def letter_accuracy(model, processor, split: str) -> float:
+    test, val = mmlu_pro_synth(split=split)
     right = 0
     for row in test:
         prompt = mp.build_prompt(val, row, 0)
@@ -62,18 +68,34 @@ def drill_accuracy(model, processor, batches: int = 4) -> float:
     return right / total
 
 
-def colour_accuracy(model, processor, n: int = 40) -> float:
+def _chat_prompt(processor, question: str) -> str:
+    return processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": question}]}],
+        add_generation_prompt=True, tokenize=False)
+
+
+def colour_accuracy(model, processor, split: str = "val", n: int = 100) -> float:
     right = 0
-    for s in make_samples(("color",), n, seed=777):
+    for s in make_samples(("color",), n, seed=777, split=split):
         shape = s.meta["objects"][0]["shape"]
-        text = processor.apply_chat_template(
-            [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": s.question}]}],
-            add_generation_prompt=True, tokenize=False)
-        right += _next_token(model, processor, f"{text}The {shape} is", s.image) == s.answer
+        prefix = f"{_chat_prompt(processor, s.question)}The {shape} is"
+        right += _next_token(model, processor, prefix, s.image) == s.answer
     return right / n
 
 
-def colour_probe(model, processor) -> float:
+def answer_accuracy(model, processor, task: str, split: str, n: int = 60) -> float:
+    """Greedy replies to `n` world `task` questions: is the number after "The answer is" the truth?"""
+    right = 0
+    for s in make_samples((task,), n, seed=778, split=split):
+        inputs = processor(text=_chat_prompt(processor, s.question), images=[s.image], return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**inputs, max_new_tokens=24, do_sample=False)
+        reply = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
+        right += extract_number(reply) == float(s.answer)
+    return right / n
+
+
+def colour_probe(model, processor, split: str) -> float:
     names = list(COLORS)
 
     def features(samples):
@@ -86,7 +108,7 @@ def colour_probe(model, processor) -> float:
         return torch.stack(out), torch.tensor([names.index(s.answer) for s in samples])
 
     x, y = features(make_samples(("color",), 300, seed=1))
-    x_test, y_test = features(make_samples(("color",), 100, seed=2))
+    x_test, y_test = features(make_samples(("color",), 100, seed=2, split=split))
     mean, std = x.mean(0), x.std(0) + 1e-6
     x, x_test = (x - mean) / std, (x_test - mean) / std
     torch.manual_seed(0)
@@ -104,14 +126,19 @@ def colour_probe(model, processor) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", nargs="+", required=True, help="checkpoint directories")
+    ap.add_argument("--split", choices=("eval", "val"), default="eval", help="the world's split the items come from")
     args = ap.parse_args()
-    print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | colour probe on the vision tower |")
-    print("|---|---|---|---|---|")
+    print(f"Items of the {args.split} split.\n")
+    print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | colour probe on the vision tower | "
+          "count | bar value |")
+    print("|---|---|---|---|---|---|---|")
     for path in args.model:
         model = AutoModelForImageTextToText.from_pretrained(path).eval()
         processor = AutoProcessor.from_pretrained(path)
-        cells = [letter_accuracy(model, processor), drill_accuracy(model, processor),
-                 colour_accuracy(model, processor), colour_probe(model, processor)]
+        cells = [letter_accuracy(model, processor, args.split), drill_accuracy(model, processor),
+                 colour_accuracy(model, processor, args.split), colour_probe(model, processor, args.split),
+                 answer_accuracy(model, processor, "count", args.split),
+                 answer_accuracy(model, processor, "chart_bar", args.split)]
         print(f"| {path} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |", flush=True)
 
 
