@@ -229,6 +229,7 @@ class Trainer:
                  val_data: BatchSource | None = None, desc: str = "train", fingerprint: dict[str, Any] | None = None,
                  allow_data_change: bool = False, num_workers: int = 0) -> None:
         from accelerate import Accelerator, DistributedDataParallelKwargs
+        from accelerate.state import AcceleratorState
 
         self.cfg, self.val_data, self.desc = cfg, val_data, desc
         self.training_step = data if hasattr(data, "backward") else LanguageModelStep(data, num_workers)
@@ -237,6 +238,10 @@ class Trainer:
         precision = cfg.precision
         if precision == "auto":
             precision = "bf16" if torch.cuda.is_available() else "no"
+        # accelerate keeps one process-wide state and refuses a second Accelerator with another precision; a notebook
+        # that trains in fp32 and then in bf16 gets a fresh state (the process group, in PartialState, stays)
+        if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
+            AcceleratorState._reset_state()
         # find_unused_parameters: a rank whose batch holds no image or video leaves the vision tower without gradients
         self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
                                        kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
