@@ -23,7 +23,7 @@ import statistics
 import time
 
 import torch
-from common import TINY_TEXT, peak_rss_mib
+from common import TINY_TEXT, peak_rss_mib, spread
 
 from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
 
@@ -35,9 +35,6 @@ def attention_bytes(config: KimiTextConfig, context: int) -> int:
     mla = context * (config.kv_lora_rank + config.qk_rope_head_dim)
     return 4 * sum(kda if kind == "kda" else mla for kind in config.layer_types)
 
-
-def spread(values: list[float]) -> str:
-    return f"{statistics.median(values):8.2f} [{min(values):.2f}, {max(values):.2f}]"
 
 
 @torch.no_grad()
