@@ -93,36 +93,37 @@ def packed_attention(
 
 
 
+
 def _blocked(rows: int) -> int:
     """How many leading rows of `rows` fill whole `LATENT_BLOCK`s."""
     return rows - rows % LATENT_BLOCK
 
 
 def latent_scores(q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
-    """`q . latent_j` for every cached row j: `q [B, M, D]`, `latent [B, L, D]` -> `[B, M, L]`.
+    """`q . latent_j` for every cached row j: `q [B, M, D]`, `latent [B, L, D]` -> scores `[B, L, M]` (cache rows
+    first: the blocks' products are already in place, nothing over L is transposed).
 
-    `latent` may be a view of the first L rows of a larger buffer (rows of stride D). Whole blocks of
-    `LATENT_BLOCK` rows are one batched product per sequence (a strided view: the cache is never copied), the
+    `latent` may be a view of the first L rows of a larger buffer (rows of stride D): whole blocks of
+    `LATENT_BLOCK` rows are one batched product per sequence (a strided view of the cache, never a copy), the
     remaining rows one more product."""
     main = _blocked(latent.shape[1])
-    if not main:
-        return q @ latent.transpose(1, 2)
     rows = []
     for qb, lb in zip(q, latent):
-        blocks = lb[:main].view(-1, LATENT_BLOCK, lb.shape[-1]) @ qb.T  # [n, block, M]
-        rows.append(torch.cat([blocks.view(main, -1).T, qb @ lb[main:].T], dim=-1))
+        blocks = lb[:main].unflatten(0, (-1, LATENT_BLOCK))  # [n, block, D], a view
+        rows.append(torch.cat([(blocks @ qb.T).flatten(0, 1), lb[main:] @ qb.T]))
     return torch.stack(rows)
 
 
 def latent_mix(p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`sum_j p_j values_j`: `p [B, M, L]`, `values [B, L, Dv]` -> `[B, M, Dv]`.
-
-    `values` may be strided views (e.g. the first Dv channels of the latent cache); blocked as `latent_scores`."""
+    """`sum_j p_j values_j`: weights `p [B, L, M]` (the layout of `latent_scores`), `values [B, L, Dv]` ->
+    `[B, M, Dv]`. `values` may be strided views (e.g. the first Dv channels of the latent cache); blocked as
+    `latent_scores`, with the blocks' partial sums added at the end."""
     main = _blocked(values.shape[1])
-    out = p[..., main:] @ values[:, main:]
-    if not main:
-        return out
-    n = main // LATENT_BLOCK
-    head = [(pb[:, :main].view(-1, n, LATENT_BLOCK).transpose(0, 1) @ vb[:main].unflatten(0, (n, LATENT_BLOCK))).sum(0)
-            for pb, vb in zip(p, values)]
-    return out + torch.stack(head)
+    out = []
+    for pb, vb in zip(p, values):
+        o = pb[main:].T @ vb[main:]
+        if main:
+            blocks = pb[:main].unflatten(0, (-1, LATENT_BLOCK)).transpose(1, 2)  # [n, M, block], a view
+            o = o + (blocks @ vb[:main].unflatten(0, (-1, LATENT_BLOCK))).sum(0)
+        out.append(o)
+    return torch.stack(out)

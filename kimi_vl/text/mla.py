@@ -145,19 +145,20 @@ class MultiHeadLatentAttention(nn.Module):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, scale=self.scale)
 
     def _absorbed(self, q_nope, q_pe, latent, attn_mask) -> torch.Tensor:
-        """Scores `[W_UK^T q_nope ; q_pe] . [c ; k_pe]` in latent space (heads and new tokens folded into the query
-        rows, the cached latent read in place: never expanded, copied or materialised per head); output
-        `W_UV (sum_j p_j c_j)`. Both products over the cache are `kimi_vl.kernels` blocked ones."""
+        """Scores `[W_UK^T q_nope ; q_pe] . [c ; k_pe]` in latent space, `scale` folded into the queries (heads and
+        new tokens are the query rows; the cached latent is read in place: never expanded, copied or materialised
+        per head); output `W_UV (sum_j p_j c_j)`. Both products over the cache are `kimi_vl.kernels` blocked ones,
+        with the scores laid out cache rows first (`[B, L, heads * T]`)."""
         B, h, T, _ = q_nope.shape
         w_uk, w_uv = self._kv_weights()
-        q_lat = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1)
-        scores = latent_scores(q_lat.reshape(B, h * T, -1), latent).view(B, h, T, -1) * self.scale
+        q_lat = torch.cat([torch.einsum("bhtn,hnr->bhtr", q_nope, w_uk), q_pe], dim=-1) * self.scale
+        scores = latent_scores(q_lat.reshape(B, h * T, -1), latent).view(B, -1, h, T)
         if attn_mask is not None:  # None only for a single new token, which sees the whole cache
-            scores = scores.masked_fill(~attn_mask, float("-inf"))
+            scores = scores.masked_fill(~attn_mask.permute(0, 3, 1, 2), float("-inf"))
         if self.record_max_logits:
-            self._accumulate_max_logits(scores.detach().float().amax(dim=(0, 2, 3)))
-        p = scores.softmax(-1, dtype=torch.float32).to(latent.dtype)
-        o_lat = latent_mix(p.view(B, h * T, -1), latent[..., : self.rank]).view(B, h, T, self.rank)
+            self._accumulate_max_logits(scores.detach().float().amax(dim=(0, 1, 3)))
+        p = scores.view(B, -1, h * T).softmax(1, dtype=torch.float32).to(latent.dtype)
+        o_lat = latent_mix(p, latent[..., : self.rank]).view(B, h, T, self.rank)
         return torch.einsum("bhtr,hvr->bhtv", o_lat, w_uv)
 
     def _accumulate_max_logits(self, m: torch.Tensor) -> None:

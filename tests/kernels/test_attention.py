@@ -89,8 +89,8 @@ def test_blocked_latent_products_equal_plain_ones(monkeypatch, rows):
     buffer = torch.randn(2, rows + 11, 10, generator=gen)
     latent = buffer[:, :rows]  # the cache's view: the first rows of a larger buffer
     q = torch.randn(2, 6, 10, generator=gen)
-    scores = latent_scores(q, latent)
-    torch.testing.assert_close(scores, q @ latent.transpose(1, 2), rtol=1e-6, atol=1e-6)
-    p = scores.softmax(-1)
+    scores = latent_scores(q, latent)  # [B, L, M]: cache rows first
+    torch.testing.assert_close(scores, latent @ q.transpose(1, 2), rtol=1e-6, atol=1e-6)
+    p = scores.softmax(1)
     values = latent[..., :7]
-    torch.testing.assert_close(latent_mix(p, values), p @ values, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(latent_mix(p, values), p.transpose(1, 2) @ values, rtol=1e-6, atol=1e-6)
