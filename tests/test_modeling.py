@@ -109,12 +109,9 @@ def test_batch_with_0_1_and_3_media_equals_each_sample_alone():
 
 
 @torch.no_grad()
-def test_generate_with_images_equals_cache_free_decoding(monkeypatch):
-    """Greedy `generate` with images in a left-padded prompt batch (preallocated hybrid cache, absorbed MLA in blocks
-    of 8 cached rows) gives the tokens of repeated cache-free forwards over the same media."""
-    from kimi_vl.kernels import attention
-
-    monkeypatch.setattr(attention, "LATENT_BLOCK", 8)
+def test_generate_with_images_equals_cache_free_decoding():
+    """Greedy `generate` with images in a left-padded prompt batch (preallocated hybrid cache, recurrent KDA,
+    absorbed MLA) gives the tokens of repeated cache-free forwards over the same media."""
     model = tiny_vl()
     media = [[image(2, 4)], [image(4, 2), image(2, 2)]]
     rows = [sample([3, 4], [g for _, g in m], [6, 7, 8]) for m in media]

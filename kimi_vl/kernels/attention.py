@@ -1,5 +1,4 @@
-"""Attention kernels: non-causal attention over packed variable-length sequences (the MoonViT image/frame packs),
-and the two products of decoding against a latent cache (MLA's absorbed form).
+"""Non-causal attention over packed variable-length sequences (the MoonViT image/frame packs).
 
 `packed_attention` never builds a mask over the whole pack: sequences of equal length go into one batched
 `F.scaled_dot_product_attention` call (a view when they are adjacent, a gather otherwise; a pack of many
@@ -13,11 +12,6 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
-
-LATENT_BLOCK = 2048
-"""Cache rows per block of `latent_scores` / `latent_mix`. A few query rows against a long cache is a tall-skinny
-product that one BLAS call runs far below memory bandwidth; the same product as a batch of 2048-row blocks runs
-2-3x faster on CPU (1M rows: ~85 ms against ~215 ms for both products, 4 query rows, width 160, 2 threads)."""
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> list[int]:
@@ -90,40 +84,3 @@ def packed_attention(
         )  # [n, H, L, Dv]
         out[index] = o.transpose(1, 2)
     return out
-
-
-
-
-def _blocked(rows: int) -> int:
-    """How many leading rows of `rows` fill whole `LATENT_BLOCK`s."""
-    return rows - rows % LATENT_BLOCK
-
-
-def latent_scores(q: torch.Tensor, latent: torch.Tensor) -> torch.Tensor:
-    """`q . latent_j` for every cached row j: `q [B, M, D]`, `latent [B, L, D]` -> scores `[B, L, M]` (cache rows
-    first: the blocks' products are already in place, nothing over L is transposed).
-
-    `latent` may be a view of the first L rows of a larger buffer (rows of stride D): whole blocks of
-    `LATENT_BLOCK` rows are one batched product per sequence (a strided view of the cache, never a copy), the
-    remaining rows one more product."""
-    main = _blocked(latent.shape[1])
-    rows = []
-    for qb, lb in zip(q, latent):
-        blocks = lb[:main].unflatten(0, (-1, LATENT_BLOCK))  # [n, block, D], a view
-        rows.append(torch.cat([(blocks @ qb.T).flatten(0, 1), lb[main:] @ qb.T]))
-    return torch.stack(rows)
-
-
-def latent_mix(p: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
-    """`sum_j p_j values_j`: weights `p [B, L, M]` (the layout of `latent_scores`), `values [B, L, Dv]` ->
-    `[B, M, Dv]`. `values` may be strided views (e.g. the first Dv channels of the latent cache); blocked as
-    `latent_scores`, with the blocks' partial sums added at the end."""
-    main = _blocked(values.shape[1])
-    out = []
-    for pb, vb in zip(p, values):
-        o = pb[main:].T @ vb[main:]
-        if main:
-            blocks = pb[:main].unflatten(0, (-1, LATENT_BLOCK)).transpose(1, 2)  # [n, M, block], a view
-            o = o + (blocks @ vb[:main].unflatten(0, (-1, LATENT_BLOCK))).sum(0)
-        out.append(o)
-    return torch.stack(out)

@@ -1,5 +1,4 @@
-"""Packed (varlen) attention: equals per-sequence dense attention, never mixes sequences, validates inputs. The
-blocked products of decoding against a latent cache equal the plain ones."""
+"""Packed (varlen) attention: equals per-sequence dense attention, never mixes sequences, validates inputs."""
 
 from __future__ import annotations
 
@@ -8,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from kimi_vl.errors import ShapeError
-from kimi_vl.kernels import attention, latent_mix, latent_scores, packed_attention
+from kimi_vl.kernels import packed_attention
 
 
 def dense_reference(q, k, v, lengths, scale=None):
@@ -78,19 +77,3 @@ def test_sequences_are_isolated_and_gradients_flow():
 def test_bad_inputs_raise_shape_error(make):
     with pytest.raises(ShapeError):
         packed_attention(*make(*packed([4, 4, 6])))
-
-
-@pytest.mark.parametrize("rows", [5, 16, 37])
-def test_blocked_latent_products_equal_plain_ones(monkeypatch, rows):
-    """`latent_scores` / `latent_mix` in blocks of 8 rows (whole blocks batched, then the rest) over strided views
-    of a larger buffer equal the plain products."""
-    monkeypatch.setattr(attention, "LATENT_BLOCK", 8)
-    gen = torch.Generator().manual_seed(0)
-    buffer = torch.randn(2, rows + 11, 10, generator=gen)
-    latent = buffer[:, :rows]  # the cache's view: the first rows of a larger buffer
-    q = torch.randn(2, 6, 10, generator=gen)
-    scores = latent_scores(q, latent)  # [B, L, M]: cache rows first
-    torch.testing.assert_close(scores, latent @ q.transpose(1, 2), rtol=1e-6, atol=1e-6)
-    p = scores.softmax(1)
-    values = latent[..., :7]
-    torch.testing.assert_close(latent_mix(p, values), p.transpose(1, 2) @ values, rtol=1e-6, atol=1e-6)

@@ -1,10 +1,9 @@
 """Decoding with the hybrid cache: the random (synthetic) cache has a real prefill's tensors, `generate` allocates
-the cache once, and its decode steps (blocked latent attention included) give the tokens of cache-free decoding."""
+the cache once, and its decode steps give the tokens of cache-free decoding."""
 
 import pytest
 import torch
 
-from kimi_vl.kernels import attention
 from kimi_vl.text import KimiHybridCache
 
 from .test_model import tiny_model
@@ -54,10 +53,9 @@ def test_random_cache_has_the_tensors_of_a_real_prefill(layout, dtype):
 
 @torch.no_grad()
 @pytest.mark.parametrize("layout", LAYOUTS)
-def test_greedy_generate_equals_cache_free_decoding(monkeypatch, layout):
-    """`generate`'s decode steps (preallocated cache, recurrent KDA, absorbed MLA in blocks of 8 cached rows) give
-    the tokens of repeated cache-free forwards, on a left-padded batch."""
-    monkeypatch.setattr(attention, "LATENT_BLOCK", 8)
+def test_greedy_generate_equals_cache_free_decoding(layout):
+    """`generate`'s decode steps (preallocated cache, recurrent KDA, absorbed MLA) give the tokens of repeated
+    cache-free forwards, on a left-padded batch."""
     model = layout_model(layout)
     ids = torch.randint(3, 61, (2, 21))
     mask = torch.ones_like(ids)
