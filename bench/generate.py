@@ -15,9 +15,13 @@ harness's MMLU-Pro proxy throughput.
    the `tiny` preset's shape (the quickstart model: hidden 128, 4 layers, Block AttnRes) with a BPE tokenizer
    trained on the proxy's own text; `--eval-rounds` timed runs after a warm-up. Run it under two source trees to
    compare code versions: `PYTHONPATH=/path/to/old python bench/generate.py --eval`.
+3. `--compile`: whether `torch.compile` pays on CPU: the tiny-shape decode step (batch 1, `--context` tokens of
+   random cache) eager against `torch.compile(model.forward, dynamic=True)`: compile seconds (the first compiled
+   calls) and per-step milliseconds of each, interleaved over `--rounds` rounds of 20 steps.
 
     python bench/generate.py [--shapes tiny,small] [--batches 1,8] [--context 1024] [--new 32] [--rounds 3]
     python bench/generate.py --eval [--eval-items 32] [--eval-rounds 3]
+    python bench/generate.py --compile [--context 1024] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -147,6 +151,31 @@ def bench_eval(args) -> None:
           f"load {os.getloadavg()[0]:.2f}")
 
 
+def bench_compile(args) -> None:
+    from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
+
+    torch.manual_seed(0)
+    model = KimiTextForCausalLM(KimiTextConfig(**TINY_TEXT)).eval()
+    cache = KimiHybridCache.random(model.config, args.context, max_length=args.context + 64 * (args.rounds + 2))
+    token = torch.tensor([[3]])
+    compiled = torch.compile(model.forward, dynamic=True)
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        for _ in range(3):  # compiles (and recompiles while the cache length changes)
+            compiled(token, past_key_values=cache)
+        compile_s = time.perf_counter() - t0
+        steps: dict[str, list[float]] = {"eager": [], "compiled": []}
+        for _ in range(args.rounds):
+            for name, fn in (("eager", model.forward), ("compiled", compiled)):
+                t0 = time.perf_counter()
+                for _ in range(20):
+                    fn(token, past_key_values=cache)
+                steps[name].append((time.perf_counter() - t0) / 20 * 1e3)
+    print(f"COMPILE tiny decode step, batch 1, {args.context} cached tokens, {args.threads} threads: first 3 compiled "
+          f"calls {compile_s:.1f} s; ms/step eager {spread(steps['eager'])}, compiled {spread(steps['compiled'])}; "
+          f"load {os.getloadavg()[0]:.2f}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", default="tiny,small")
@@ -156,12 +185,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--eval", action="store_true", help="measure the MMLU-Pro proxy throughput instead")
+    ap.add_argument("--compile", action="store_true", help="measure torch.compile of the decode step instead")
     ap.add_argument("--eval-items", type=int, default=32)
     ap.add_argument("--eval-rounds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.eval:
         bench_eval(args)
+    elif args.compile:
+        bench_compile(args)
     else:
         bench_generate(args)
 
