@@ -15,6 +15,39 @@ TINY_TEXT = dict(
 )
 
 
+def kimi_linear_pair(text: dict, root: str):
+    """`(theirs, ours)`: transformers' `KimiLinearForCausalLM` with the sizes of `text` (our `KimiTextConfig` fields,
+    e.g. `TINY_TEXT`; 3:1 KDA/MLA, every 4th layer full attention) and random weights, and the same weights converted
+    to `KimiTextForCausalLM` (standard residual, as converted checkpoints are), both in eval mode; `root` holds the
+    two checkpoints."""
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    from kimi_vl.convert import convert_kimi_linear
+    from kimi_vl.text import KimiTextForCausalLM
+
+    layers = text["num_hidden_layers"]
+    config = KimiLinearConfig(
+        vocab_size=text["vocab_size"], hidden_size=text["hidden_size"], intermediate_size=text["intermediate_size"],
+        moe_intermediate_size=text["moe_intermediate_size"], num_hidden_layers=layers,
+        layer_types=["full_attention" if i % 4 == 3 else "linear_attention" for i in range(layers)],
+        num_attention_heads=text["num_attention_heads"], num_key_value_heads=text["num_attention_heads"],
+        kv_lora_rank=text["kv_lora_rank"], qk_rope_head_dim=text["qk_rope_head_dim"],
+        qk_nope_head_dim=text["qk_nope_head_dim"], v_head_dim=text["v_head_dim"], linear_head_dim=text["kda_head_dim"],
+        linear_num_heads=text["kda_num_heads"], num_local_experts=text["num_experts"],
+        num_experts_per_tok=text["num_experts_per_tok"], n_shared_experts=text.get("num_shared_experts", 1),
+        first_k_dense_replace=text.get("first_k_dense", 1), pad_token_id=0, bos_token_id=1, eos_token_id=2,
+    )
+    theirs = KimiLinearForCausalLM(config).eval()
+    theirs.save_pretrained(f"{root}/hf")
+    convert_kimi_linear(f"{root}/hf", f"{root}/ours")
+    return theirs, KimiTextForCausalLM.from_pretrained(f"{root}/ours").eval()
+
+
+def spread(values: list[float]) -> str:
+    """`median [min, max]` of repeated measurements, for the interleaved benchmarks."""
+    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+
+
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:
     """Median wall time of `fn()` in seconds over `repeats` runs after `warmup` runs."""
     for _ in range(warmup):

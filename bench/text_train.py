@@ -14,21 +14,7 @@ import statistics
 import tempfile
 
 import torch
-from common import median_time
-from transformers import KimiLinearConfig, KimiLinearForCausalLM
-
-from kimi_vl.convert import convert_kimi_linear
-from kimi_vl.text import KimiTextForCausalLM
-
-
-def hf_config() -> KimiLinearConfig:
-    return KimiLinearConfig(
-        vocab_size=4096, hidden_size=256, intermediate_size=704, moe_intermediate_size=256, num_hidden_layers=8,
-        layer_types=["linear_attention"] * 3 + ["full_attention"] + ["linear_attention"] * 3 + ["full_attention"],
-        num_attention_heads=4, num_key_value_heads=4, kv_lora_rank=128, qk_rope_head_dim=32, qk_nope_head_dim=64,
-        v_head_dim=64, linear_head_dim=64, linear_num_heads=4, num_local_experts=8, num_experts_per_tok=2,
-        n_shared_experts=1, pad_token_id=0, bos_token_id=1, eos_token_id=2,
-    )
+from common import TINY_TEXT, kimi_linear_pair, median_time
 
 
 def step_fn(model: torch.nn.Module, ids: torch.Tensor) -> callable:
@@ -52,11 +38,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    theirs = KimiLinearForCausalLM(hf_config())
     with tempfile.TemporaryDirectory() as tmp:
-        theirs.save_pretrained(f"{tmp}/hf")
-        convert_kimi_linear(f"{tmp}/hf", f"{tmp}/ours")
-        ours = KimiTextForCausalLM.from_pretrained(f"{tmp}/ours")
+        theirs, ours = kimi_linear_pair(TINY_TEXT, tmp)
     ours.train()
     theirs.train()
     # transformers' MoE asserts nothing about training here, but its experts loop is the reference path.

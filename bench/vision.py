@@ -6,14 +6,22 @@
 2. our own weights run as a padded batch (every image padded to the largest, a key-padding mask, batched dense
    attention): time ratio padded/packed.
 
-Run: `python bench/vision.py` (about 1-2 minutes on 2 busy CPU threads; each forward is ~300 GFLOP).
+Measurements are interleaved and repeated so that load from other processes hits every side alike: `--rounds`
+rounds of one timed forward each of transformers, ours and padded (ratios taken within each round), and
+`--memory-rounds` rounds of the two memory subprocesses (transformers, ours); medians with [min, max] are printed.
+
+Run: `python bench/vision.py [--rounds 5] [--memory-rounds 3]` (a few minutes on 2 CPU threads; each forward is
+~300 GFLOP).
 """
 
 from __future__ import annotations
 
+import argparse
 import ctypes
+import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import torch
@@ -21,14 +29,13 @@ import torch.nn.functional as F
 from timm.layers import apply_rot_embed
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import median_time, peak_rss_mib, run_isolated  # noqa: E402
+from common import peak_rss_mib, run_isolated, spread  # noqa: E402
 
 THREADS = 2
 VISION = dict(hidden_size=384, num_attention_heads=6, num_hidden_layers=6, intermediate_size=1536,
               pos_emb_height=32, pos_emb_width=32)
 # (t, h, w) in 14-px patches: 448x448 (x4), 448x560, 560x448, 504x504, 560x560
 GRIDS = [[1, 32, 32], [1, 32, 32], [1, 32, 32], [1, 32, 32], [1, 32, 40], [1, 40, 32], [1, 36, 36], [1, 40, 40]]
-REPEATS = 2  # after the correctness forwards, which double as warm-up
 
 
 def build_checkpoints(root: Path) -> tuple[Path, Path]:
@@ -111,34 +118,55 @@ def memory_target(kind: str, path: str, queue) -> None:
     queue.put({"growth_mib": peak_rss_mib() - before})
 
 
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--memory-rounds", type=int, default=3)
+    args = ap.parse_args()
     torch.set_num_threads(THREADS)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         hf_path, our_path = build_checkpoints(Path(tmp))
         # Memory first: a spawned child's ru_maxrss starts at the parent's RSS at fork time, so the parent must
         # stay smaller than the child's baseline (no models loaded here yet).
-        m_theirs = run_isolated(memory_target, "theirs", str(hf_path))["growth_mib"]
-        m_ours = run_isolated(memory_target, "ours", str(our_path))["growth_mib"]
+        memory: dict[str, list[float]] = {"theirs": [], "ours": []}
+        for _ in range(args.memory_rounds):
+            for kind, path in (("theirs", hf_path), ("ours", our_path)):
+                memory[kind].append(run_isolated(memory_target, kind, str(path))["growth_mib"])
         theirs, ours = load("theirs", hf_path), load("ours", our_path)
         px, grid = inputs()
         tokens = px.shape[0]
-        a, b = forward(theirs, "theirs", px, grid), forward(ours, "ours", px, grid)
+        a, b = forward(theirs, "theirs", px, grid), forward(ours, "ours", px, grid)  # these double as warm-up
         c = padded_forward(ours, px, grid)
         print(f"pack: {len(GRIDS)} images, {tokens} patches, hidden {VISION['hidden_size']}, "
               f"{VISION['num_hidden_layers']} layers, {THREADS} threads")
         print(f"max |ours - transformers| = {(a - b).abs().max():.2e}, "
               f"max |padded - packed| = {(c - b).abs().max():.2e}")
 
-        t_theirs = median_time(lambda: forward(theirs, "theirs", px, grid), REPEATS, warmup=0)
-        t_ours = median_time(lambda: forward(ours, "ours", px, grid), REPEATS, warmup=0)
-        t_padded = median_time(lambda: padded_forward(ours, px, grid), REPEATS, warmup=0)
-        print(f"time ratio transformers/ours = {t_theirs / t_ours:.2f}")
-        print(f"time ratio padded/packed     = {t_padded / t_ours:.2f}")
-
-        print(f"peak-memory growth of one forward: transformers {m_theirs:.0f} MiB, ours {m_ours:.0f} MiB "
-              f"(ratio transformers/ours = {m_theirs / max(m_ours, 1e-6):.2f})")
-        print(f"SUMMARY vision: speed transformers/ours {t_theirs / t_ours:.2f}x, padded/packed "
-              f"{t_padded / t_ours:.2f}x, peak memory transformers/ours {m_theirs / max(m_ours, 1e-6):.2f}x")
+        times: dict[str, list[float]] = {"theirs": [], "ours": [], "padded": []}
+        for _ in range(args.rounds):  # interleaved: one forward of each per round
+            times["theirs"].append(timed(lambda: forward(theirs, "theirs", px, grid)))
+            times["ours"].append(timed(lambda: forward(ours, "ours", px, grid)))
+            times["padded"].append(timed(lambda: padded_forward(ours, px, grid)))
+    speed = [t / o for t, o in zip(times["theirs"], times["ours"])]
+    padded = [p / o for p, o in zip(times["padded"], times["ours"])]
+    mem = [t / max(o, 1e-6) for t, o in zip(memory["theirs"], memory["ours"])]
+    print(f"forward seconds: transformers {spread(times['theirs'])}, ours {spread(times['ours'])}, "
+          f"padded {spread(times['padded'])} ({args.rounds} interleaved rounds)")
+    print(f"time ratio transformers/ours = {spread(speed)}")
+    print(f"time ratio padded/packed     = {spread(padded)}")
+    print(f"peak-memory growth of one forward: transformers {spread(memory['theirs'])} MiB, ours "
+          f"{spread(memory['ours'])} MiB (ratio transformers/ours = {spread(mem)}; {args.memory_rounds} rounds)")
+    print(f"load average {load_before:.2f} -> {os.getloadavg()[0]:.2f}")
+    print(f"SUMMARY vision: speed transformers/ours {spread(speed)}x, padded/packed {spread(padded)}x, peak memory "
+          f"transformers/ours {spread(mem)}x (median [min, max])")
 
 
 if __name__ == "__main__":

@@ -109,6 +109,26 @@ def test_batch_with_0_1_and_3_media_equals_each_sample_alone():
 
 
 @torch.no_grad()
+def test_generate_with_images_equals_cache_free_decoding():
+    """Greedy `generate` with images in a left-padded prompt batch (preallocated hybrid cache, recurrent KDA,
+    absorbed MLA) gives the tokens of repeated cache-free forwards over the same media."""
+    model = tiny_vl()
+    media = [[image(2, 4)], [image(4, 2), image(2, 2)]]
+    rows = [sample([3, 4], [g for _, g in m], [6, 7, 8]) for m in media]
+    ids, mask = _left_pad(rows)
+    kw = dict(pixel_values=torch.cat([p for m in media for p, _ in m]),
+              image_grid_thw=torch.tensor([g for m in media for _, g in m]))
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, pad_token_id=PAD,
+                         eos_token_id=None, suppress_tokens=[IMG, VID], **kw)
+    seq, m = ids, mask
+    for _ in range(10):
+        logits = model(seq, attention_mask=m, use_cache=False, **kw).logits[:, -1]
+        nxt = logits.index_fill(-1, torch.tensor([IMG, VID]), float("-inf")).argmax(-1, keepdim=True)
+        seq, m = torch.cat([seq, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
+    assert torch.equal(out, seq)
+
+
+@torch.no_grad()
 def test_video_and_image_in_one_prompt_with_cache():
     model = tiny_vl()
     pi, gi = image(2, 4)

@@ -1,9 +1,13 @@
 """`KimiHybridCache`: the inference state of the hybrid backbone, as a `transformers.Cache`.
 
 Per KDA layer: the fp32 recurrent state `[B, H, Dk, Dv]` and the conv tail `[B, 3*H*Dk, kernel-1]` (constant
-size, whatever the context length). Per MLA layer: the compressed latent `[B, L, kv_lora_rank + qk_rope_head_dim]`
-(normalised latent + shared key slice), stored in a buffer that grows by doubling so decoding does not copy the
-whole context every step.
+size, whatever the context length). Per MLA layer (NoPE or RoPE): the compressed latent
+`[B, L, kv_lora_rank + qk_rope_head_dim]` (normalised latent + shared key slice, rotated in RoPE layers), stored in
+a buffer allocated once for `max_length` tokens when that is known (`generate` passes prompt + new tokens), else
+grown by doubling, so decoding never copies the whole context every step.
+
+`KimiHybridCache.random` builds the state a prefill of any length leaves, with random values, without running it:
+long-context decode benchmarks read exactly what a real prefill would have written, through the same decode code.
 """
 
 from __future__ import annotations
@@ -20,14 +24,17 @@ from .configuration import KimiTextConfig
 class KimiHybridCache(Cache):
     """Cache of `KimiTextModel`; `generate()` creates one automatically.
 
-    The model calls `update_kda` / `update_latent` per layer and `advance(n)` once per forward.
+    The model calls `update_kda` / `update_latent` per layer and `advance(n)` once per forward. `max_length`: the
+    tokens the cache will hold (prompt + generated); MLA buffers are then allocated once at that size (pages are
+    only touched as tokens are written) instead of growing by doubling.
     """
 
     is_compileable = False
 
-    def __init__(self, config: KimiTextConfig) -> None:
+    def __init__(self, config: KimiTextConfig, max_length: int | None = None) -> None:
         super().__init__(layers=[])
         self.config = config
+        self.max_length = max_length
         self.layer_types = list(config.layer_types)
         n = config.num_hidden_layers
         self.recurrent_states: list[torch.Tensor | None] = [None] * n
@@ -46,7 +53,7 @@ class KimiHybridCache(Cache):
         start = self._seen_tokens
         end = start + latent.shape[1]
         if buf is None or buf.shape[1] < end:
-            cap = max(end, 2 * (buf.shape[1] if buf is not None else 0), 64)
+            cap = max(end, 2 * (buf.shape[1] if buf is not None else 0), self.max_length or 64)
             new = latent.new_empty(latent.shape[0], cap, latent.shape[2])
             if buf is not None:
                 new[:, :start] = buf[:, :start]
@@ -56,6 +63,44 @@ class KimiHybridCache(Cache):
 
     def advance(self, num_tokens: int) -> None:
         self._seen_tokens += num_tokens
+
+    @classmethod
+    def random(
+        cls,
+        config: KimiTextConfig,
+        num_tokens: int,
+        *,
+        batch_size: int = 1,
+        max_length: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> KimiHybridCache:
+        """The cache a prefill of `num_tokens` tokens leaves, with random values in place of computed ones.
+
+        Same tensors, shapes and dtypes as a real prefill of a model in `dtype` (`tests/text`): per KDA layer an fp32
+        recurrent state `[B, H, Dk, Dv]` (fp64 for fp64 models) and a conv tail `[B, 3*H*Dk, kernel-1]` in `dtype`;
+        per MLA layer (NoPE and RoPE alike) `num_tokens` latent rows `[c ; k_pe]` in `dtype`, in a buffer of
+        `max_length` rows (default `num_tokens + 256`; decoding past it reallocates). Every buffer is allocated once
+        and filled in place.
+        """
+        cache = cls(config, max_length=max(max_length or num_tokens + 256, num_tokens))
+        h, dk = config.kda_num_heads, config.kda_head_dim
+        width = config.kv_lora_rank + config.qk_rope_head_dim
+        kw = dict(device=device)
+        for i, kind in enumerate(cache.layer_types):
+            if kind == "kda":
+                state_dtype = torch.float64 if dtype == torch.float64 else torch.float32  # KDA's compute dtype
+                state = torch.empty(batch_size, h, dk, dk, dtype=state_dtype, **kw)
+                cache.recurrent_states[i] = state.normal_(std=dk**-0.5, generator=generator)
+                tail = torch.empty(batch_size, 3 * h * dk, config.short_conv_kernel_size - 1, dtype=dtype, **kw)
+                cache.conv_tails[i] = tail.normal_(generator=generator)
+            else:
+                buf = torch.empty(batch_size, cache.max_length, width, dtype=dtype, **kw)
+                buf[:, :num_tokens].normal_(generator=generator)
+                cache._latents[i] = buf
+        cache._seen_tokens = num_tokens
+        return cache
 
     # --- transformers.Cache interface ----------------------------------------------------------------------------
     def get_seq_length(self, layer_idx: int = 0) -> int:
@@ -124,10 +169,15 @@ class KimiHybridCache(Cache):
 
 class HybridCacheGenerationMixin:
     """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` gets a `KimiHybridCache` (built
-    from `config.get_text_config()`) unless the caller passes a cache or turns caching off."""
+    from `config.get_text_config()`, preallocated for the prompt and the new tokens) unless the caller passes a
+    cache or turns caching off."""
 
-    def _prepare_cache_for_generation(self, generation_config, model_kwargs, *args, **kwargs) -> None:
+    def _prepare_cache_for_generation(
+        self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+    ) -> None:
         if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = KimiHybridCache(self.config.get_text_config())
+            model_kwargs["past_key_values"] = KimiHybridCache(self.config.get_text_config(), max_cache_length)
         else:
-            super()._prepare_cache_for_generation(generation_config, model_kwargs, *args, **kwargs)
+            super()._prepare_cache_for_generation(
+                generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+            )

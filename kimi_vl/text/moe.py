@@ -110,7 +110,10 @@ class Experts(nn.Module):
                 outs.append(F.linear(F.silu(F.linear(xe, self.w1[e])) * F.linear(xe, self.w3[e]), self.w2[e]))
             start += n
         y = torch.cat(outs) * weights.flatten()[order, None].to(x.dtype)
-        return torch.zeros_like(x).index_add_(0, token, y)
+        # Back to (token, slot) order and summed over the k slots: a gather and a sum, which stay on the calling
+        # thread for decode-sized inputs (an `index_add_` opens a parallel region however small its input, and
+        # such regions stall for milliseconds when other processes hold the cores).
+        return y[order.argsort()].view(N, k, -1).sum(1)
 
 
 class MoE(nn.Module):
