@@ -50,6 +50,8 @@ EVAL_STAGES = {"pretrain": "after pre-training", "sft": "after SFT", "rl": "afte
 FRESH_SEED_OFFSET = 1
 """The fresh draw of the proxies (the final model's score on other held-out items) uses the next seed."""
 KEEP = ("accuracy", "correct", "total", "proxy", "chance", "constant", "constant_answer", "categories")
+MATHVISTA_PARTS = ("general-vqa", "math-targeted-vqa")
+"""MathVista's two categories: counting objects in scenes; values read off charts and geometry diagrams."""
 
 
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
@@ -185,7 +187,7 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
                      f"({entry['constant_answer']}) | " + " | ".join(_cell(ev[n][name]) for n in stages) + " |")
     vision = next((n for n in ev["sft"] if n.startswith("mathvista")), None)
     if vision is not None:
-        parts = list(ev["rl"][vision]["categories"])
+        parts = [p for p in MATHVISTA_PARTS if p in ev["rl"][vision]["categories"]]
         lines += ["", f"{vision} by part (category: general-vqa = counting, math-targeted-vqa = values read off "
                   "charts and diagrams):", "", "| part | " + " | ".join(heads[n] for n in stages) + " |",
                   "|---|" + "---|" * len(stages)]

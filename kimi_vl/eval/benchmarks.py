@@ -201,7 +201,7 @@ class MathVista(Benchmark):
         write_json(run.out_dir / f"results.{self.name}.json", outputs)
         write_json(run.out_dir / f"scores.{self.name}.json", scores)
         categories = {}
-        for key, names in (("task", mv.TASK_ABBREVIATIONS), ("skills", mv.SKILL_ABBREVIATIONS)):
+        for key, names in (("category", {}), ("task", mv.TASK_ABBREVIATIONS), ("skills", mv.SKILL_ABBREVIATIONS)):
             for value, s in scores.get(key, {}).items():
                 label = names.get(value, value)
                 categories[label] = {"accuracy": s["correct"] / s["total"], "correct": s["correct"],
@@ -232,7 +232,7 @@ class MathVista(Benchmark):
             "leaderboard": mv.leaderboard(scores),
             "scores": scores,
             "categories": categories,
-            "category_label": "task / skill",
+            "category_label": "category / task / skill",
             "settings": {
                 "source": prompts.info["source"], "extractor": extractor, "quick_extract": config.quick_extract,
                 "format": config.mathvista_format, "max_new_tokens": prompts.max_new_tokens, "decoding": "greedy",

@@ -106,6 +106,11 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     scores = json.loads((out / "scores.mathvista.json").read_text())
     assert scores["average"]["total"] == 3 and list(scores)[1:] == list(mv.SCORE_KEYS)
     assert mathvista["settings"]["images"] is False
+    for key in ("category", "task"):  # the official breakdowns, MathVista's categories (general-vqa, ...) included
+        for value, s in scores[key].items():
+            label = mv.TASK_ABBREVIATIONS.get(value, value)
+            assert mathvista["categories"][label]["total"] == s["total"]
+    assert any(label.endswith("vqa") for label in mathvista["categories"])
     assert any("query text only" in d for d in mathvista["deviations"])
     assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
     outputs = json.loads((out / "results.mathvista.json").read_text())
