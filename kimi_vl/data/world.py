@@ -83,9 +83,7 @@ VISION_TASKS: tuple[str, ...] = ("count", "color", "shape", "chart_bar", "chart_
 VIDEO_TASKS: tuple[str, ...] = ("screencast",)
 ALL_TASKS: tuple[str, ...] = TEXT_TASKS + VISION_TASKS + VIDEO_TASKS
 
-MIN_SIDE, MAX_SIDE = 56, 112
-"""Image sides in pixels: at most 8 x 8 patches of 14 px, so the `tiny` preset's 64-patch budget reads every image
-at its native resolution (printed digits stay legible)."""
+MIN_SIDE, MAX_SIDE = 56, 224
 SPLIT_SHARES = {"eval": 0.15, "val": 0.10}
 """Shares of the item keys in the held-out evaluation split and the validation split (the rest: train)."""
 MAX_DRAWS = 10_000
@@ -407,8 +405,7 @@ def _chart(rng: random.Random, kind: str, n: int, *, unique_max: bool = False
            ) -> tuple[Image.Image, list[str], list[int], int, int]:
     """A bar or line chart of `n` values in 1..20 with each value printed above its bar / point; returns the image,
     the x labels, the values, and the size."""
-    w = rng.randint(max(84, (20 if kind == "bar" else 16) * n + 12), MAX_SIDE)
-    h = rng.randint(84, MAX_SIDE)
+    w, h = rng.randint(max(112, 26 * n), MAX_SIDE), rng.randint(96, MAX_SIDE)
     image, draw = _canvas(w, h, rng)
     labels = rng.sample(TOWNS, n) if kind == "bar" else [str(i + 1) for i in range(n)]
     values = [rng.randint(1, 20) for _ in range(n)]

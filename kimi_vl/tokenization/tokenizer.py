@@ -46,8 +46,7 @@ def _checked_texts(texts: Iterable[str], seen: list[int]) -> Iterator[str]:
             yield text
 
 
-def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2,
-                    split_digits: bool = True) -> PreTrainedTokenizerFast:
+def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int = 2) -> PreTrainedTokenizerFast:
     """Train a byte-level BPE tokenizer on `texts` and return it as a transformers fast tokenizer.
 
     Args:
@@ -56,8 +55,6 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
             `MIN_VOCAB_SIZE`. Training stops earlier when no pair reaches `min_frequency`, so the result may be
             smaller (`len(tokenizer)` is the actual size).
         min_frequency: a pair is merged only if it occurs at least this many times.
-        split_digits: every digit is a token of its own (numbers are never merged), as in Llama's and DeepSeek's
-            tokenizers: arithmetic then works digit by digit.
 
     Returns:
         A `PreTrainedTokenizerFast` with `bos_token="[BOS]"`, `eos_token="<|im_end|>"`, `pad_token="[PAD]"`,
@@ -81,9 +78,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
         raise ConfigError(f"min_frequency must be at least 1, got {min_frequency}.")
 
     backend = Tokenizer(models.BPE())
-    split = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    backend.pre_tokenizer = pre_tokenizers.Sequence([*split, pre_tokenizers.ByteLevel(add_prefix_space=False,
-                                                                                       use_regex=True)])
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     backend.decoder = decoders.ByteLevel()
     backend.post_processor = processors.ByteLevel(trim_offsets=False)
     trainer = trainers.BpeTrainer(
