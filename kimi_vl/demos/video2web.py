@@ -256,7 +256,7 @@ def render_and_score(
     """Render `site` (an HTML file) at the frames' size and score it against the frames `[T, H, W, 3]`.
 
     Writes `render.png` (the page's first screen, `W x H`), `compare.png` (first frame | render, a 4 px grey
-    gap) and `score.json` (`PageScore.to_dict()` plus the sizes) in `out_dir`.
+    gap) and `score.json` (`PageScore.to_dict()` plus the sizes) in `out_dir` (created if missing).
 
     Returns:
         `(render_path, compare_path, score_path, score_dict)`.
@@ -268,6 +268,7 @@ def render_and_score(
     from .similarity import page_similarity
 
     out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
     t, h, w, _ = frames.shape
     page_h = min(MAX_RENDER_HEIGHT, max(h, RENDER_HEIGHT_FACTOR * h))
     full = render_html(Path(site), w, page_h, timeout=timeout, browser=browser)

@@ -16,6 +16,7 @@ from kimi_vl.demos.video2web import (
     generate_html,
     load_model,
     read_video,
+    render_and_score,
     run_video2web,
 )
 from kimi_vl.errors import CheckpointError, ConfigError, InvalidMediaError, KimiVLError
@@ -86,6 +87,17 @@ def test_cli_with_render(model_dir, cast, tmp_path, chromium, capsys):
     assert "read 4 frames of 160x120" in printed and "similarity" in printed
     for name in ("site.html", "render.png", "compare.png", "score.json"):
         assert (tmp_path / "o" / name).is_file()
+
+
+def test_render_and_score_true_page_into_a_new_folder(cast, tmp_path, chromium):
+    """The quickstart scores the screencast's own HTML (the gap's top end) into a folder that does not exist yet;
+    the true page scores far above a blank one."""
+    sc, _ = cast
+    (tmp_path / "target.html").write_text(sc.html)
+    frames = np.stack([np.asarray(f) for f in sc.frames])
+    render, compare, score_path, score = render_and_score(tmp_path / "target.html", frames, tmp_path / "a" / "true")
+    assert render.is_file() and compare.is_file() and json.loads(score_path.read_text()) == score
+    assert score["score"] > 0.9
 
 
 def test_stops_at_closing_tag(loaded, cast, monkeypatch):
