@@ -71,7 +71,9 @@ PRESETS: dict[str, Preset] = {
             "sft": DataConfig(**_TINY_PACKING),
             "rl": DataConfig(prompts_per_family=4),
         },
-        rl_algorithm=RLConfig(k=4, max_new_tokens=40),
+        # two optimizer steps per rollout batch: the second acts on a log-ratio, so K2.5's token mask and penalty
+        # act (off-policy, as K2.5 trains); 20 optimizer steps are then 10 rollout batches
+        rl_algorithm=RLConfig(k=4, max_new_tokens=40, updates_per_batch=2),
     ),
     "small": Preset(
         name="small",
