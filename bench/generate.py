@@ -147,8 +147,9 @@ def bench_eval(args) -> None:
             evaluate(engine, "mmlu_pro_synth", out, config)
             if i:
                 rates.append(args.eval_items / (time.perf_counter() - t0))
-    print(f"EVAL mmlu_pro_synth: {args.eval_items} items, batch 8, zero-shot chat, {config.max_new_tokens} new tokens, tiny preset shape (random "
-          f"weights), {args.threads} threads: {spread(rates)} items/s (median [min, max] of {args.eval_rounds} runs); "
+    print(f"EVAL mmlu_pro_synth: {args.eval_items} items, batch 8, zero-shot chat, {config.max_new_tokens} new tokens, "
+          f"tiny preset shape (random weights), {args.threads} threads: {spread(rates)} items/s "
+          f"(median [min, max] of {args.eval_rounds} runs); "
           f"load {os.getloadavg()[0]:.2f}")
 
 

@@ -1,15 +1,18 @@
 """Token efficiency of MuonClip against AdamW on the tiny LM and the embedded text corpus.
 
-1. A small learning-rate sweep per optimizer (seed 0, `steps` steps, WSD schedule), extended by factors of 3 while
-   the best learning rate sits at an edge of the grid; the best final validation loss picks each optimizer's rate.
-2. For each of `--seeds` seeds: MuonClip trains `steps` steps and reaches validation loss L. AdamW is then trained
-   with growing budgets (1, 1.25, 1.5, 2, 3, 4 x `steps`, each a complete WSD run, so neither optimizer is judged
-   mid-schedule) until one ends at or below L; the tokens AdamW needs are interpolated in log-tokens between the
-   last budget above L and the first at or below it.
+1. Learning rates are tuned on `--tune-seed` (the seed of the model's initialisation; every seed reads the same
+   batches), never one of the evaluated seeds 0..`--seeds`-1: a 3-point sweep (WSD schedule), extended by factors
+   of 3 while the best rate sits at an edge of the grid; the best final validation loss picks the rate. MuonClip is
+   tuned at `steps` steps, AdamW at every budget it is run at (1, 1.25, 1.5, 2, 3, 4 x `steps`), so a longer AdamW
+   run gets its own rate.
+2. For each evaluated seed: MuonClip trains `steps` steps and reaches validation loss L. AdamW is then trained with
+   growing budgets (each a complete WSD run at that budget's rate, so neither optimizer is judged mid-schedule)
+   until one ends at or below L; the tokens AdamW needs are interpolated in log-tokens between the last budget
+   above L and the first at or below it.
 3. Prints the ratio AdamW tokens / MuonClip tokens per seed and its mean (the Moonlight paper reports ~2x at scale;
    our target is >= 1.3x here) and saves the validation curves to bench/out/muon_vs_adamw.png.
 
-    python bench/muon_vs_adamw.py [--steps 150] [--seeds 3]
+    python bench/muon_vs_adamw.py [--steps 150] [--seeds 3] [--tune-seed 1000]
 """
 
 from __future__ import annotations
@@ -47,12 +50,27 @@ def final_val(metrics: list[dict]) -> float:
     return metrics[-1]["val_loss"]
 
 
-def tokens_to_reach(target: float, opt: str, lr: float, steps: int, seed: int, data, val, vocab: dict,
-                    curves: list) -> float | None:
-    """AdamW tokens (interpolated in log space between budgets) to end a run at `target` validation loss."""
+def sweep(opt: str, grid: list[float], steps: int, seed: int, data, val, vocab: dict) -> float:
+    """The learning rate with the best final validation loss, the grid extended by 3x past an edge until the best
+    rate is inside it."""
+    losses: dict[float, float] = {}
+    while grid:
+        for lr in grid:
+            losses[lr] = final_val(run(opt, lr, steps, seed, data, val, vocab))
+            print(f"sweep {opt} {steps} steps lr={lr:g}: val {losses[lr]:.4f}", flush=True)
+        tried = sorted(losses)
+        top = min(losses, key=losses.get)
+        grid = [top * 3] if top == tried[-1] else [top / 3] if top == tried[0] else []
+    return min(losses, key=losses.get)
+
+
+def tokens_to_reach(target: float, opt: str, lrs: dict[float, float], steps: int, seed: int, data, val,
+                    vocab: dict, curves: list) -> float | None:
+    """AdamW tokens (interpolated in log space between budgets) to end a run at `target` validation loss; budget `b`
+    runs at learning rate `lrs[b]`."""
     prev = None
     for b in BUDGETS:
-        m = run(opt, lr, round(steps * b), seed, data, val, vocab)
+        m = run(opt, lrs[b], round(steps * b), seed, data, val, vocab)
         curves.append((f"{opt} x{b}", m))
         tokens, loss = m[-1]["tokens"], final_val(m)
         print(f"  {opt} budget x{b}: val {loss:.4f} (target {target:.4f})", flush=True)
@@ -69,31 +87,29 @@ def tokens_to_reach(target: float, opt: str, lr: float, steps: int, seed: int, d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--steps", type=int, default=150)
-    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--seeds", type=int, default=3, help="evaluated seeds: 0..N-1")
+    ap.add_argument("--tune-seed", type=int, default=1000, help="the seed learning rates are tuned on")
     args = ap.parse_args()
+    if args.tune_seed < args.seeds:
+        ap.error(f"--tune-seed {args.tune_seed} is one of the evaluated seeds 0..{args.seeds - 1}")
     vocab, data, val = tiny_text_corpus()
 
-    best = {}
-    for opt, lrs in LRS.items():
-        losses = {}
-        grid = list(lrs)
-        while grid:  # sweep; extend by 3x past an edge until the best learning rate is inside the grid
-            for lr in grid:
-                losses[lr] = final_val(run(opt, lr, args.steps, 0, data, val, vocab))
-                print(f"sweep {opt} lr={lr:g}: val {losses[lr]:.4f}", flush=True)
-            tried = sorted(losses)
-            top = min(losses, key=losses.get)
-            grid = [top * 3] if top == tried[-1] else [top / 3] if top == tried[0] else []
-        best[opt] = min(losses, key=losses.get)
-    print(f"chosen: muonclip lr={best['muonclip']:g}, adamw lr={best['adamw']:g}")
+    muon_lr = sweep("muonclip", list(LRS["muonclip"]), args.steps, args.tune_seed, data, val, vocab)
+    adamw_lrs: dict[float, float] = {}
+    for b in BUDGETS:  # each budget's own rate, the sweep centred on the previous budget's best
+        prev = adamw_lrs.get(BUDGETS[BUDGETS.index(b) - 1]) if b != BUDGETS[0] else None
+        grid = list(LRS["adamw"]) if prev is None else [prev / 3, prev, prev * 3]
+        adamw_lrs[b] = sweep("adamw", grid, round(args.steps * b), args.tune_seed, data, val, vocab)
+    print(f"chosen on seed {args.tune_seed}: muonclip lr={muon_lr:g}; adamw lr per budget: "
+          + ", ".join(f"x{b} {lr:g}" for b, lr in adamw_lrs.items()), flush=True)
 
     ratios, curves = [], []
     for seed in range(args.seeds):
-        muon = run("muonclip", best["muonclip"], args.steps, seed, data, val, vocab)
+        muon = run("muonclip", muon_lr, args.steps, seed, data, val, vocab)
         curves.append((f"muonclip seed {seed}", muon))
         target, muon_tokens = final_val(muon), muon[-1]["tokens"]
         print(f"seed {seed}: muonclip val {target:.4f} after {muon_tokens} tokens", flush=True)
-        need = tokens_to_reach(target, "adamw", best["adamw"], args.steps, seed, data, val, vocab, curves)
+        need = tokens_to_reach(target, "adamw", adamw_lrs, args.steps, seed, data, val, vocab, curves)
         if need is None:
             print(f"seed {seed}: AdamW did not reach it within x{BUDGETS[-1]} the tokens")
             ratios.append(BUDGETS[-1])
