@@ -260,5 +260,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
                              else data.prompts_per_step), "updates_per_batch": cfg.rl.updates_per_batch,
         "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
         "reward_last_fifth": sum(m["reward_mean"] for m in last) / len(last),
+        "masked_fraction": sum(m["masked_fraction"] for m in metrics) / len(metrics),
+        "log_ratio_abs_mean": sum(m["log_ratio_abs_mean"] for m in metrics) / len(metrics),
         "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),
         "wall_time_s": time.perf_counter() - t0})

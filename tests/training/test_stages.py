@@ -40,20 +40,26 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
 def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
     assert read_summary(sft_dir)["from"] == str(pretrained)
-    full = rl(sft_dir, tmp_path / "rl_full", steps=2, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
+    # the tiny preset makes 2 optimizer steps per rollout batch: 4 steps are 2 batches, the cut falls between them
+    assert get_preset("tiny").rl_algorithm.updates_per_batch == 2
+    full = rl(sft_dir, tmp_path / "rl_full", steps=4, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
               max_new_tokens=6)
     reference = read_metrics(full / "metrics.jsonl")
     assert set(reference[0]) >= {"reward_mean", "response_length", "masked_fraction", "entropy"}
     assert any(k.startswith("reward/") for k in reference[0])
     assert (full / "plots" / "rewards.png").is_file()
+    summary = read_summary(full)
+    assert summary["updates_per_batch"] == 2 and 0 <= summary["masked_fraction"] <= 1
+    assert summary["log_ratio_abs_mean"] > 0  # the second update of each batch sees a log-ratio
 
     cut = tmp_path / "rl_cut"
-    rl(sft_dir, cut, steps=1, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
-    (cut / "training_summary.json").unlink()  # as if killed after the step-1 checkpoint
     rl(sft_dir, cut, steps=2, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
+    (cut / "training_summary.json").unlink()  # as if killed after the first rollout batch's checkpoint
+    rl(sft_dir, cut, steps=4, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
     resumed = read_metrics(cut / "metrics.jsonl")
-    assert [m["step"] for m in resumed] == [1, 2]
-    assert resumed[1]["loss"] == reference[1]["loss"] and resumed[1]["reward_mean"] == reference[1]["reward_mean"]
+    assert [m["step"] for m in resumed] == [1, 2, 3, 4]
+    for i in (2, 3):
+        assert resumed[i]["loss"] == reference[i]["loss"] and resumed[i]["reward_mean"] == reference[i]["reward_mean"]
     a, _ = load_checkpoint_dir(full)
     b, _ = load_checkpoint_dir(cut)
     for (name, p), q in zip(a.state_dict().items(), b.state_dict().values()):
