@@ -43,9 +43,9 @@ def kimi_linear_pair(text: dict, root: str):
     return theirs, KimiTextForCausalLM.from_pretrained(f"{root}/ours").eval()
 
 
-def spread(values: list[float]) -> str:
-    """`median [min, max]` of repeated measurements, for the interleaved benchmarks."""
-    return f"{statistics.median(values):.2f} [{min(values):.2f}, {max(values):.2f}]"
+def spread(values: list[float], unit: str = "") -> str:
+    """`median<unit> [min, max]` of repeated measurements, for the interleaved benchmarks."""
+    return f"{statistics.median(values):.2f}{unit} [{min(values):.2f}, {max(values):.2f}]"
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import time
 
 import torch
@@ -93,8 +92,7 @@ def main() -> None:
               f"| {ceiling:.2f}x | {per_token['hybrid']:.0f} / {per_token['all-MLA']:.0f} "
               f"({per_token['hybrid'] / per_token['all-MLA']:.3f}x) | {before:.2f} -> {after:.2f} |")
     for context, _, ratios, *_ in rows:
-        print(f"RATIO decode tokens/s hybrid/all-MLA at {context:,} = {statistics.median(ratios):.2f}x "
-              f"[{min(ratios):.2f}, {max(ratios):.2f}]")
+        print(f"RATIO decode tokens/s hybrid/all-MLA at {context:,} = {spread(ratios, 'x')}")
 
 
 if __name__ == "__main__":

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 
@@ -100,20 +99,22 @@ def bench_generate(args) -> None:
     print("| shape | batch | ours prefill s | theirs prefill s | ours decode tok/s | theirs decode tok/s "
           "| decode ratio | ours e2e tok/s | theirs e2e tok/s | e2e ratio | same tokens | load before -> after |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for shape, batch, runs, same, before, after in rows:
+    ratios = [round_ratios(runs) for _, _, runs, *_ in rows]
+    for (shape, batch, runs, same, before, after), ratio in zip(rows, ratios):
         col = {k: {name: [r[k] for r in runs[name]] for name in runs} for k in runs["ours"][0]}
-        ratio = {k: [a / b for a, b in zip(col[k]["ours"], col[k]["transformers"])]
-                 for k in ("decode tok/s", "e2e tok/s")}
         print(f"| {shape} | {batch} | {spread(col['prefill s']['ours'])} | {spread(col['prefill s']['transformers'])} "
               f"| {spread(col['decode tok/s']['ours'])} | {spread(col['decode tok/s']['transformers'])} "
               f"| {spread(ratio['decode tok/s'])}x | {spread(col['e2e tok/s']['ours'])} "
               f"| {spread(col['e2e tok/s']['transformers'])} | {spread(ratio['e2e tok/s'])}x | {sum(same)}/{len(same)} "
               f"| {before:.2f} -> {after:.2f} |")
-    for shape, batch, runs, *_ in rows:
-        for k in ("decode tok/s", "e2e tok/s"):
-            r = [a[k] / b[k] for a, b in zip(runs["ours"], runs["transformers"])]
-            print(f"RATIO generate {k} ours/transformers, {shape} batch {batch} = {statistics.median(r):.2f}x "
-                  f"[{min(r):.2f}, {max(r):.2f}] (target >= 2x)")
+    for (shape, batch, *_), ratio in zip(rows, ratios):
+        for k, r in ratio.items():
+            print(f"RATIO generate {k} ours/transformers, {shape} batch {batch} = {spread(r, 'x')} (target >= 2x)")
+
+
+def round_ratios(runs: dict[str, list[dict[str, float]]]) -> dict[str, list[float]]:
+    """Per-round ours/transformers ratios of decode and end-to-end tokens/s."""
+    return {k: [a[k] / b[k] for a, b in zip(runs["ours"], runs["transformers"])] for k in ("decode tok/s", "e2e tok/s")}
 
 
 def print_row(shape, batch, runs, same, before, after) -> None:

@@ -230,10 +230,9 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
         lines.append(f"| {name} | {x.get('steps')} | {x.get('tokens')} | {x.get('final_loss', 0):.3f} | "
                      f"{x.get('val_loss', 0):.3f} | {x.get('unigram_baseline', 0):.3f} | {times.get(name, 0):.0f} |")
     r = s["rl"]
-    updates = r.get("updates_per_batch", 1)
     lines += ["", f"RL ({'+'.join(r.get('families') or [])}, {r.get('algorithm')}): {r.get('steps')} optimizer steps, "
-              f"{updates} per rollout batch of {r.get('prompts_per_step')} prompts x {r.get('k')} responses; mean "
-              f"reward {r.get('reward_first_fifth', 0):.3f} (first fifth of the steps) -> "
+              f"{r.get('updates_per_batch', 1)} per rollout batch of {r.get('prompts_per_step')} prompts x "
+              f"{r.get('k')} responses; mean reward {r.get('reward_first_fifth', 0):.3f} (first fifth of the steps) -> "
               f"{r.get('reward_last_fifth', 0):.3f} (last fifth); tokens outside the log-ratio band "
               f"{100 * r.get('masked_fraction', 0):.2f}%, mean |log-ratio| {r.get('log_ratio_abs_mean', 0):.4f}; "
               f"{times.get('rl', 0):.0f} s.", "",

@@ -221,6 +221,10 @@ def world_prompts(families: Sequence[str], per_family: int, seed: int, step: int
     return out
 
 
+def _mean(rows: list[dict[str, Any]], key: str) -> float:
+    return sum(m[key] for m in rows) / len(rows)
+
+
 def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
        config: RunConfig | None = None, **settings: Any) -> Path:
     """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`) on the
@@ -258,9 +262,8 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
         "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None
                              else data.prompts_per_step), "updates_per_batch": cfg.rl.updates_per_batch,
-        "reward_first_fifth": sum(m["reward_mean"] for m in first) / len(first),
-        "reward_last_fifth": sum(m["reward_mean"] for m in last) / len(last),
-        "masked_fraction": sum(m["masked_fraction"] for m in metrics) / len(metrics),
-        "log_ratio_abs_mean": sum(m["log_ratio_abs_mean"] for m in metrics) / len(metrics),
+        "reward_first_fifth": _mean(first, "reward_mean"), "reward_last_fifth": _mean(last, "reward_mean"),
+        "masked_fraction": _mean(metrics, "masked_fraction"),
+        "log_ratio_abs_mean": _mean(metrics, "log_ratio_abs_mean"),
         "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),
         "wall_time_s": time.perf_counter() - t0})
