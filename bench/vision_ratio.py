@@ -3,10 +3,13 @@
 Joint pre-training from scratch (the `tiny` preset's model and tokenizer, MuonClip, 4 x 256-token batches) where
 every image document is a one-shape colour question in chat form and every text document an arithmetic sample.
 Every `--every` steps it prints the colour accuracy (teacher-forced, `skills.colour_accuracy`; chance 10%). With
-`--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's.
+`--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's. With
+`--swatch-steps n` the first n steps' image documents are one-colour images (the world's `swatch` task: "What color
+is the image?") instead: the curriculum of the tiny preset.
 
     python bench/vision_ratio.py --ratio 0.6 --steps 300
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --vision-loss-weight 5
+    python bench/vision_ratio.py --ratio 0.1 --steps 250 --swatch-steps 100
 """
 
 from __future__ import annotations
@@ -45,21 +48,26 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--vision-loss-weight", type=float, default=1.0)
     ap.add_argument("--every", type=int, default=50)
+    ap.add_argument("--swatch-steps", type=int, default=0, help="first steps whose images are one-colour swatches")
     args = ap.parse_args()
     preset = get_preset("tiny")
     data = preset.data["pretrain"]
     processor = build_processor(data)
     torch.manual_seed(0)
     model = build_model(preset, processor)
-    stream = embedded_pretrain_stream(processor, seed=0, seq_len=data.seq_len, rows=data.rows,
-                                      vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
-                                      code_fraction=0.0, text_tasks={"arithmetic": 1.0}, vision_tasks={"color": 1.0})
+    streams = {task: embedded_pretrain_stream(processor, seed=0, seq_len=data.seq_len, rows=data.rows,
+                                              vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
+                                              code_fraction=0.0, text_tasks={"arithmetic": 1.0},
+                                              vision_tasks={task: 1.0})
+               for task in ("swatch", "color")}
     optimizer = build_optimizer(model, TrainConfig(steps=args.steps, lr=args.lr))
     t0 = time.perf_counter()
-    print(f"vision ratio {args.ratio}, lr {args.lr}, image-document loss weight {args.vision_loss_weight}")
+    print(f"vision ratio {args.ratio}, lr {args.lr}, image-document loss weight {args.vision_loss_weight}, "
+          f"{args.swatch_steps} swatch steps first")
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 20)
+        stream = streams["swatch" if step < args.swatch_steps else "color"]
         loss = weighted_loss(model, stream.batch(step), processor.image_token_id, args.vision_loss_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)

@@ -69,6 +69,7 @@ class DataConfig:
         drill_lookups: (embedded data) lookups per drill document.
         drill_min_options: (embedded data) fewest options of a drill question.
         drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks).
+        drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
     """
 
     sources: list[str] = _for(*ALL, flag="--data", factory=list)
@@ -103,13 +104,15 @@ class DataConfig:
     drill_lookups: int = _for("pretrain", default=5)
     drill_min_options: int = _for("pretrain", default=3)
     drill_vision_tasks: dict[str, float] | None = _for("pretrain")
+    drill_vision_ratio: float | None = _for("pretrain")
 
     def __post_init__(self) -> None:
         if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family) < 1:
             raise ConfigError(f"seq_len, rows, prompts_per_step and prompts_per_family must be >= 1 (got "
                               f"{self.seq_len}, {self.rows}, {self.prompts_per_step}, {self.prompts_per_family}).")
-        if self.vision_ratio is not None and not 0.0 <= self.vision_ratio <= 1.0:
-            raise ConfigError(f"vision_ratio must be in [0, 1] (or none), got {self.vision_ratio}.")
+        for name in ("vision_ratio", "drill_vision_ratio"):
+            if (value := getattr(self, name)) is not None and not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must be in [0, 1] (or none), got {value}.")
         if self.num_workers < 0 or self.max_bad_in_a_row < 0:
             raise ConfigError("num_workers and max_bad_in_a_row must be >= 0.")
 
@@ -128,7 +131,7 @@ def _embedded_pretrain(cfg: DataConfig, processor: Any, seed: int, *, drill: boo
         chat_fraction=cfg.chat_fraction, code_fraction=cfg.code_fraction, text_chat_fraction=cfg.text_chat_fraction,
         text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, drill_batches=cfg.drill_batches if drill else 0,
         drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options,
-        drill_vision_tasks=cfg.drill_vision_tasks)
+        drill_vision_tasks=cfg.drill_vision_tasks, drill_vision_ratio=cfg.drill_vision_ratio)
 
 
 VAL_SEED_OFFSET = 1_000_003

@@ -25,7 +25,16 @@ from .encode import (
     tokenizer_of,
 )
 from .pack import BatchDraws, PackedStream, WarmupStream
-from .world import LETTERS, TEXT_TASKS, VIDEO_TASKS, VISION_TASKS, make_sample, option_lookup, options_block
+from .world import (
+    CURRICULUM_TASKS,
+    LETTERS,
+    TEXT_TASKS,
+    VIDEO_TASKS,
+    VISION_TASKS,
+    make_sample,
+    option_lookup,
+    options_block,
+)
 
 
 def stdlib_document(rng: random.Random, tokenizer: Any, num_chars: int) -> Document:
@@ -39,10 +48,11 @@ def stdlib_document(rng: random.Random, tokenizer: Any, num_chars: int) -> Docum
 
 def _task_picker(tasks: tuple[str, ...], weights: dict[str, float] | None, name: str
                  ) -> Callable[[random.Random], str]:
-    """`rng -> task`: uniform over `tasks` (`rng.choice`) when `weights` is None, else drawn with `weights` (tasks
-    left out have weight 0)."""
+    """`rng -> task`: uniform over `tasks` but the `CURRICULUM_TASKS` (`rng.choice`) when `weights` is None, else
+    drawn with `weights` (tasks left out have weight 0)."""
     if weights is None:
-        return lambda rng: rng.choice(tasks)
+        uniform = tuple(t for t in tasks if t not in CURRICULUM_TASKS)
+        return lambda rng: rng.choice(uniform)
     unknown = sorted(set(weights) - set(tasks))
     if unknown or any(w < 0 for w in weights.values()) or sum(weights.values()) <= 0:
         raise ConfigError(f"{name} must map some of {', '.join(tasks)} to weights >= 0 with a positive sum; got "
@@ -98,6 +108,7 @@ def embedded_pretrain_stream(
     drill_lookups: int = 5,
     drill_min_options: int = 3,
     drill_vision_tasks: dict[str, float] | None = None,
+    drill_vision_ratio: float | None = None,
 ) -> PackedStream | WarmupStream:
     """The joint text-vision pre-training stream (embedded data only).
 
@@ -113,10 +124,10 @@ def embedded_pretrain_stream(
     document is an option-letter drill (`option_drill_document` with `drill_lookups` lookups among
     `drill_min_options` to 10 options), and the vision documents are image tasks in chat form (loss on their short
     replies only, no screencasts; the tasks drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a
-    short-reply image curriculum), at the same vision ratio. Finding an option's letter from its value is the last
-    step of every multiple-choice answer; in the mixture alone a tiny model does not learn it within the
-    quickstart's minutes (its letters are a few tokens among many), after the drill it keeps the skill and applies
-    it to the mixture's questions.
+    short-reply image curriculum), at the vision ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an
+    option's letter from its value is the last step of every multiple-choice answer; in the mixture alone a tiny
+    model does not learn it within the quickstart's minutes (its letters are a few tokens among many), after the
+    drill it keeps the skill and applies it to the mixture's questions.
     """
     for name, value in (("video_fraction", video_fraction), ("chat_fraction", chat_fraction),
                         ("code_fraction", code_fraction), ("text_chat_fraction", text_chat_fraction)):
@@ -152,7 +163,8 @@ def embedded_pretrain_stream(
         return encode_sample(make_sample(pick_drill_vision(draws.rng), draws.rng), processor, chat=True)
 
     drill = PackedStream(lambda draws: option_drill_document(draws.rng, processor, drill_lookups, drill_min_options),
-                         seq_len=seq_len, rows=rows, seed=seed, vision_ratio=vision_ratio,
+                         seq_len=seq_len, rows=rows, seed=seed,
+                         vision_ratio=vision_ratio if drill_vision_ratio is None else drill_vision_ratio,
                          vision_documents=drill_vision_doc, processor=processor, max_misses=6)
     return WarmupStream(drill, main, drill_batches)
 

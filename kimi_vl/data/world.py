@@ -22,6 +22,7 @@ Tasks (`Sample.task`):
 | lookup      | -     | 10 options + Which letters do red and 7 have?        | (C), (H)       | ocr         |
 | count       | image | How many circles are in the image?                   | 4              | count       |
 | color       | image | What color is the square?                            | red            | ocr         |
+| swatch      | image | What color is the image? (the whole image one colour)| red            | ocr         |
 | shape       | image | What shape is in the image?                          | triangle       | ocr         |
 | chart_bar   | image | What is the value of the Elm bar?                    | 12             | number      |
 | chart_line  | image | What is the value at x = 3?                          | 7              | number      |
@@ -78,9 +79,11 @@ LETTERS = "ABCDEFGHIJ"
 WORLD_SEED = 20240601
 
 TEXT_TASKS: tuple[str, ...] = ("arithmetic", "mc", "fact", "lookup")
-VISION_TASKS: tuple[str, ...] = ("count", "color", "shape", "chart_bar", "chart_line", "ocr", "grounding",
+VISION_TASKS: tuple[str, ...] = ("count", "color", "swatch", "shape", "chart_bar", "chart_line", "ocr", "grounding",
                                  "visual_math")
 VIDEO_TASKS: tuple[str, ...] = ("screencast",)
+CURRICULUM_TASKS: tuple[str, ...] = ("swatch",)
+"""Image tasks drawn only when a mixture weights them by name: not in uniform task mixtures, not in RL."""
 ALL_TASKS: tuple[str, ...] = TEXT_TASKS + VISION_TASKS + VIDEO_TASKS
 
 MIN_SIDE, MAX_SIDE = 56, 224
@@ -394,6 +397,15 @@ def _task_color(rng: random.Random) -> Sample:
                   "ocr", image=image, meta={"objects": objects})
 
 
+def _task_swatch(rng: random.Random) -> Sample:
+    """The whole image one colour: every image token carries the answer, so a language model learns to read image
+    tokens from it in tens of steps, where a shape among background tokens takes hundreds (the pre-training
+    curriculum of the tiny preset; see docs/RESULTS.md)."""
+    color, (w, h) = rng.choice(list(COLORS)), _size(rng)
+    return Sample("swatch", "What color is the image?", color, f"The image is {color}. The answer is {color}.", "ocr",
+                  image=Image.new("RGB", (w, h), COLORS[color]), meta={"key": f"swatch:{color}:{w}x{h}"})
+
+
 def _task_shape(rng: random.Random) -> Sample:
     shape, color = rng.choice(SHAPES), rng.choice(list(COLORS))
     image, objects = _objects_image(rng, [(shape, color)], *_size(rng))
@@ -601,8 +613,8 @@ def _task_screencast(rng: random.Random) -> Sample:
 
 _TASKS = {
     "arithmetic": _task_arithmetic, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup, "count": _task_count,
-    "color": _task_color, "shape": _task_shape, "chart_bar": _task_chart_bar, "chart_line": _task_chart_line,
-    "ocr": _task_ocr, "grounding": _task_grounding, "visual_math": _task_visual_math,
+    "color": _task_color, "swatch": _task_swatch, "shape": _task_shape, "chart_bar": _task_chart_bar,
+    "chart_line": _task_chart_line, "ocr": _task_ocr, "grounding": _task_grounding, "visual_math": _task_visual_math,
     "screencast": _task_screencast,
 }
 
@@ -751,8 +763,8 @@ def sample_text(sample: Sample) -> str:
 
 
 __all__ = [
-    "ALL_TASKS", "COLORS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES", "TEXT_TASKS",
-    "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
+    "ALL_TASKS", "COLORS", "CURRICULUM_TASKS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES",
+    "TEXT_TASKS", "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
     "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
     "world_facts", "FACT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",
 ]

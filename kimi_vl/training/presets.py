@@ -35,7 +35,6 @@ class Preset:
     rl_algorithm: RLConfig
 
 
-_TINY_PACKING = dict(seq_len=256, rows=4)
 _TINY_MEDIA = dict(vocab_size=1536, tokenizer_texts=4000, image_max_patches=64, video_max_patches=64, video_fps=4.0)
 _SMALL_PACKING = dict(seq_len=4096, rows=16)
 
@@ -60,15 +59,21 @@ PRESETS: dict[str, Preset] = {
         # option's letter), half of them as chats (loss on the answer only); the image tasks the MathVista proxy
         # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
         # more of them per batch. The first 450 batches' text is the option-letter drill (see
-        # `embedded_pretrain_stream`).
+        # `embedded_pretrain_stream`). After the drill, one-colour images (`swatch`: every image token carries the
+        # answer) join the image tasks: from them the language model learns to read image tokens within tens of
+        # steps, where shapes among background tokens alone take hundreds (with swatches in the drill instead, the
+        # image documents crowd out the drill and the letter skill is not learned; docs/RESULTS.md).
         data={
-            "pretrain": DataConfig(**_TINY_PACKING, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
+            "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
                                    vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,
-                                                 "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5},
-                                   drill_batches=450, drill_lookups=10),
-            "sft": DataConfig(**_TINY_PACKING),
+                                                 "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5, "swatch": 3},
+                                   drill_batches=450, drill_lookups=10,
+                                   drill_vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1,
+                                                       "shape": 1, "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5}),
+            # 512-token rows: a page conversation (about 265 tokens) is placed whole, its closing tags in context
+            "sft": DataConfig(seq_len=512, rows=2),
             "rl": DataConfig(prompts_per_family=4),
         },
         # two optimizer steps per rollout batch: the second acts on a log-ratio, so K2.5's token mask and penalty

@@ -32,7 +32,7 @@ from transformers import AutoTokenizer
 from ..configuration import KimiVLConfig
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
-from ..data.world import TEXT_TASKS, VISION_TASKS, make_sample
+from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
 from ..errors import CheckpointError, ConfigError
 from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
@@ -193,10 +193,11 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     return _train(cfg, model, processor, out_dir, {"from": str(from_dir)})
 
 
-RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")), "vision": VISION_TASKS}
+RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")),
+               "vision": tuple(t for t in VISION_TASKS if t not in CURRICULUM_TASKS)}
 """RL task families of the embedded data: verifiable text tasks (arithmetic, multiple choice) and image tasks
-(counting, colours, shapes, charts, OCR, grounding, visual math); `fact` (free-text answers) and the `lookup` drill
-are left to pre-training and SFT."""
+(counting, colours, shapes, charts, OCR, grounding, visual math); `fact` (free-text answers), the `lookup` drill and
+the `swatch` curriculum are left to pre-training and SFT."""
 
 
 def family_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:

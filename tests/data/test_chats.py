@@ -104,3 +104,19 @@ def test_lookup_drill_and_the_evaluation_layout(conversations):
     mc = [c[-2]["content"] for c in conversations if "Answer: Let's think step by step." in c[-2]["content"]]
     local = [p for p in mc if "where X is the correct letter choice.\n\n\n\nQuestion:\n" in p]
     assert len(local) > len(mc) / 3
+
+
+def test_page_conversations_fit_a_tiny_sft_row(proc):
+    """The tiny preset's SFT rows hold a page conversation whole (a cut one loses its closing tags' context)."""
+    import random
+
+    from kimi_vl.data.chats import _page
+    from kimi_vl.training.presets import get_preset
+
+    seq_len = get_preset("tiny").data["sft"].seq_len
+    lengths = []
+    for i in range(40):
+        prompt, reply = _page(random.Random(i))
+        lengths.append(len(encode_chat([{"role": "user", "content": prompt},
+                                        {"role": "assistant", "content": reply}], proc).input_ids))
+    assert max(lengths) <= seq_len and min(lengths) > 256, (min(lengths), max(lengths), seq_len)

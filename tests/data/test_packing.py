@@ -18,6 +18,7 @@ from kimi_vl.data import (
     option_drill_document,
 )
 from kimi_vl.data import embedded_pretrain_stream as pretrain_stream
+from kimi_vl.data.config import DataConfig
 from kimi_vl.data.world import make_sample, sample_rng
 from kimi_vl.errors import ConfigError, ShapeError
 from kimi_vl.text.modeling import causal_lm_loss
@@ -345,6 +346,16 @@ def test_warmup_stream_drills_then_mixes(proc):
     assert torch.equal(s.batch(0).input_ids, s.batch(0).input_ids)
     with pytest.raises(ConfigError, match="drill_batches"):
         pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, drill_batches=-1)
+
+
+def test_drill_has_its_own_vision_ratio(proc):
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=3, drill_batches=2, vision_ratio=0.25,
+                        drill_vision_ratio=0.1, video_fraction=0.0)
+    drill = [s.batch(i).num_vision_tokens / (SEQ * ROWS) for i in (0, 1)]
+    main = [s.batch(i).num_vision_tokens / (SEQ * ROWS) for i in (2, 3)]
+    assert all(abs(r - 0.1) < 0.05 for r in drill) and all(abs(r - 0.25) < 0.07 for r in main), (drill, main)
+    with pytest.raises(ConfigError, match="drill_vision_ratio"):
+        DataConfig(drill_vision_ratio=1.5)
 
 
 # ----------------------------------------------------------------------------------------------------- the model

@@ -108,6 +108,17 @@ def test_count_and_color_match_the_pixels():
     assert all(a > 20 * len(x.meta["objects"]) for a, x in zip(area, s))
 
 
+def test_swatch_is_one_colour_and_stays_out_of_rl():
+    from kimi_vl.training.stages import RL_FAMILIES
+
+    samples = make_samples(("swatch",), 20, seed=0)
+    for s in samples:
+        pixels = np.asarray(s.image).reshape(-1, 3)
+        assert (pixels == COLORS[s.answer]).all() and s.response.endswith(f"The answer is {s.answer}.")
+    assert len({s.answer for s in samples}) > 5 and len({s.image.size for s in samples}) == 20
+    assert "swatch" in VISION_TASKS and "swatch" not in RL_FAMILIES["vision"]
+
+
 def test_grounding_boxes():
     for s in make_samples(("grounding",), 20, seed=0):
         boxes = json.loads(s.answer)
