@@ -5,7 +5,8 @@ on the mean and on every seed.
     python bench/quickstart_seeds.py --out runs/qs_seeds --seeds 0 1 2
 
 Figures: both proxies after pre-training, SFT and RL and on the fresh draw, MathVista's two parts after RL, the
-constant-answer baselines, the demo's share of the blank-to-true gap, and the wall time.
+constant-answer baselines, the demo's share of the blank-to-true gap, the final model's teacher-forced image colour
+(`skills.colour_accuracy`, held-out items), and the wall time.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ import json
 import statistics
 from pathlib import Path
 
+from skills import colour_accuracy
+from transformers import AutoModelForImageTextToText, AutoProcessor
+
+from kimi_vl.demos.similarity import gap_closed
 from kimi_vl.quickstart import quickstart
 
 GOALS = (
@@ -28,6 +33,7 @@ GOALS = (
      lambda f: -abs(f["mathvista_synth/fresh"] - f["mathvista_synth/rl"]), -5),
     ("zero-vision SFT - pre-training (MathVista proxy) >= 0 points",
      lambda f: f["mathvista_synth/sft"] - f["mathvista_synth/pretrain"], 0),
+    ("image colour, teacher-forced, final model >= 90%", lambda f: f["skills/colour"], 90),
     ("video2web: share of the blank-to-true gap closed >= 30%", lambda f: f["video2web/gap"], 30),
     ("total wall time <= 20 min (as -minutes)", lambda f: -f["wall_time_min"], -20),
 )
@@ -49,8 +55,9 @@ def figures(run: Path) -> dict[str, float]:
                     out[f"{name}/rl/{part}"] = 100 * c["accuracy"]
     demo = json.loads((run / "demo" / "done.json").read_text())
     if demo.get("true_page_score") is not None:
-        gap = demo["true_page_score"] - demo["blank_page_score"]
-        out["video2web/gap"] = 100 * (demo["score"] - demo["blank_page_score"]) / gap
+        out["video2web/gap"] = 100 * gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
+    model = AutoModelForImageTextToText.from_pretrained(run / "model").eval()
+    out["skills/colour"] = 100 * colour_accuracy(model, AutoProcessor.from_pretrained(run / "model"), split="eval")
     out["wall_time_min"] = sum(json.loads((run / "stage_times.json").read_text()).values()) / 60
     return out
 

@@ -21,7 +21,7 @@ from PIL import Image
 
 from kimi_vl.data.screencast import write_video
 from kimi_vl.data.world import make_sample
-from kimi_vl.demos.similarity import page_similarity
+from kimi_vl.demos.similarity import gap_closed, page_similarity
 from kimi_vl.demos.video2web import load_model, render_and_score, run_video2web
 from kimi_vl.quickstart import DEMO_SEED
 
@@ -56,7 +56,7 @@ def main() -> None:
     wins = sum(a > c for a, c in zip(model_scores, blank_scores))
     print(f"mean similarity over {args.n} held-out screencasts: model {m:.3f}, blank white page {b:.3f}, "
           f"true HTML {t:.3f}; model - blank = {m - b:+.3f} (model ahead on {wins}/{args.n}); "
-          f"fraction of the blank-to-true gap closed: {(m - b) / (t - b):.2f}")
+          f"fraction of the blank-to-true gap closed: {gap_closed(m, b, t):.2f}")
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from .demos.similarity import gap_closed
 from .export import add_remote_code
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
@@ -248,8 +249,7 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
                   f"Held-out screencast `demo/screencast.mp4` (target `demo/target.html`, output `demo/site.html`); "
                   f"generation stopped by `{demo['stop']}` after {demo['new_tokens']} tokens."]
         if demo["rendered"]:
-            gap = (demo["score"] - demo["blank_page_score"]) / max(1e-9, demo["true_page_score"]
-                                                                    - demo["blank_page_score"])
+            gap = gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
             lines += [f"Visual similarity to the video's frames: {demo['score']:.3f} (a blank white page: "
                       f"{demo['blank_page_score']:.3f}, the true page: {demo['true_page_score']:.3f}): the page "
                       f"closes {100 * gap:.0f}% of the gap from blank to true.", "",

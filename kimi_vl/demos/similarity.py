@@ -32,7 +32,7 @@ from PIL import Image
 
 from ..errors import ConfigError
 
-__all__ = ["PageScore", "colour_layout", "image_similarity", "page_similarity", "ssim", "structure"]
+__all__ = ["PageScore", "colour_layout", "gap_closed", "image_similarity", "page_similarity", "ssim", "structure"]
 
 SMALL_WIDTH = 64
 GRID = 8
@@ -138,6 +138,12 @@ def colour_layout(a: ImageLike, b: ImageLike) -> float:
     """Colour-layout term of the metric (module docstring), in [0, 1]; `b` is resized to `a`'s reduced size."""
     ra, rb = _pair(a, b)
     return float(_terms(ra, rb[None])[1][0])
+
+
+def gap_closed(score: float, blank: float, true: float) -> float:
+    """The share of the distance from a blank page's score to the true page's score that `score` covers (0: no
+    better than blank, 1: as good as the true page)."""
+    return (score - blank) / max(1e-9, true - blank)
 
 
 def image_similarity(a: ImageLike, b: ImageLike) -> float:

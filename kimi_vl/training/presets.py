@@ -35,6 +35,8 @@ class Preset:
     rl_algorithm: RLConfig
 
 
+_TINY_IMAGE_TASKS = {"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1, "chart_line": 0.5,
+                     "ocr": 0.5, "grounding": 0.5}
 _TINY_MEDIA = dict(vocab_size=1536, tokenizer_texts=4000, image_max_patches=64, video_max_patches=64, video_fps=4.0)
 _SMALL_PACKING = dict(seq_len=4096, rows=16)
 
@@ -67,11 +69,8 @@ PRESETS: dict[str, Preset] = {
             "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
-                                   vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1,
-                                                 "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5, "swatch": 3},
-                                   drill_batches=450, drill_lookups=10,
-                                   drill_vision_tasks={"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1,
-                                                       "shape": 1, "chart_line": 0.5, "ocr": 0.5, "grounding": 0.5}),
+                                   vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 3},
+                                   drill_batches=450, drill_lookups=10, drill_vision_tasks=_TINY_IMAGE_TASKS),
             # 512-token rows: a page conversation (about 265 tokens) is placed whole, its closing tags in context
             "sft": DataConfig(seq_len=512, rows=2),
             "rl": DataConfig(prompts_per_family=4),
