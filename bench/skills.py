@@ -7,6 +7,8 @@ Teacher-forced, so each number isolates one skill from the others:
 - `drill`: the same lookup on bare option lists (`option_drill_document`, 10 options, 5 lookups each).
 - `colour`: an image of one shape and "What color is the <shape>?"; the reply "The <shape> is" is given; is the
   next token the right colour? Chance 10%: whether the language model reads the image tokens.
+- `swatch`: the same on one-colour images ("What color is the image?", the reply "The image is" given): whether the
+  language model reads image tokens at all, when every one of them carries the answer.
 - `probe`: a linear probe (logistic regression, 300 training images) on the vision tower's mean-pooled features
   of the same images, scored on 100 others: whether the colour is in the vision features at all.
 - `count`, `bar value`: generated (greedy, 24 tokens) answers to the world's counting and bar-value questions,
@@ -74,11 +76,12 @@ def _chat_prompt(processor, question: str) -> str:
         add_generation_prompt=True, tokenize=False)
 
 
-def colour_accuracy(model, processor, split: str = "val", n: int = 100) -> float:
+def colour_accuracy(model, processor, split: str = "val", n: int = 100, task: str = "color") -> float:
+    """Teacher-forced colour of the one shape (`color`) or of the whole one-colour image (`swatch`)."""
     right = 0
-    for s in make_samples(("color",), n, seed=777, split=split):
-        shape = s.meta["objects"][0]["shape"]
-        prefix = f"{_chat_prompt(processor, s.question)}The {shape} is"
+    for s in make_samples((task,), n, seed=777, split=split):
+        subject = s.meta["objects"][0]["shape"] if task == "color" else "image"
+        prefix = f"{_chat_prompt(processor, s.question)}The {subject} is"
         right += _next_token(model, processor, prefix, s.image) == s.answer
     return right / n
 
@@ -129,14 +132,16 @@ def main() -> None:
     ap.add_argument("--split", choices=("eval", "val"), default="eval", help="the world's split the items come from")
     args = ap.parse_args()
     print(f"Items of the {args.split} split.\n")
-    print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | colour probe on the vision tower | "
-          "count | bar value |")
-    print("|---|---|---|---|---|---|---|")
+    print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | swatch (chance 10%) | "
+          "colour probe on the vision tower | count | bar value |")
+    print("|---|---|---|---|---|---|---|---|")
     for path in args.model:
         model = AutoModelForImageTextToText.from_pretrained(path).eval()
         processor = AutoProcessor.from_pretrained(path)
         cells = [letter_accuracy(model, processor, args.split), drill_accuracy(model, processor),
-                 colour_accuracy(model, processor, args.split), colour_probe(model, processor, args.split),
+                 colour_accuracy(model, processor, args.split),
+                 colour_accuracy(model, processor, args.split, task="swatch"),
+                 colour_probe(model, processor, args.split),
                  answer_accuracy(model, processor, "count", args.split),
                  answer_accuracy(model, processor, "chart_bar", args.split)]
         print(f"| {path} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |", flush=True)
