@@ -77,11 +77,11 @@ def _chat_prompt(processor, question: str) -> str:
 
 
 def colour_accuracy(model, processor, split: str = "val", n: int = 100, task: str = "color") -> float:
-    """Teacher-forced colour of the one shape (`color`) or of the whole one-colour image (`swatch`)."""
+    """Teacher-forced colour of the one shape (`color`) or of the whole one-colour image (`swatch`): the reply up
+    to its first colour word ("The square is", "The image is") is given."""
     right = 0
     for s in make_samples((task,), n, seed=777, split=split):
-        subject = s.meta["objects"][0]["shape"] if task == "color" else "image"
-        prefix = f"{_chat_prompt(processor, s.question)}The {subject} is"
+        prefix = _chat_prompt(processor, s.question) + s.response[:s.response.index(f" {s.answer}")]
         right += _next_token(model, processor, prefix, s.image) == s.answer
     return right / n
 
