@@ -226,6 +226,17 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
     return sum(m[key] for m in rows) / len(rows)
 
 
+def family_rewards(rows: list[dict[str, Any]], families: Sequence[str]) -> dict[str, float | None]:
+    """Mean reward of each task family's prompts over metric rows (their `reward/<task>` entries; a family's
+    prompts are spread one per task within a rollout batch, so the mean over entries is the mean over prompts).
+    None for a family with no prompt in `rows`."""
+    out: dict[str, float | None] = {}
+    for family in families:
+        values = [m[f"reward/{t}"] for m in rows for t in family_tasks([family]) if f"reward/{t}" in m]
+        out[family] = sum(values) / len(values) if values else None
+    return out
+
+
 def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
        config: RunConfig | None = None, **settings: Any) -> Path:
     """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`) on the
@@ -264,6 +275,8 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
         "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None
                              else data.prompts_per_step), "updates_per_batch": cfg.rl.updates_per_batch,
         "reward_first_fifth": _mean(first, "reward_mean"), "reward_last_fifth": _mean(last, "reward_mean"),
+        "family_reward_first_fifth": family_rewards(first, data.families) if prompts is None else None,
+        "family_reward_last_fifth": family_rewards(last, data.families) if prompts is None else None,
         "masked_fraction": _mean(metrics, "masked_fraction"),
         "log_ratio_abs_mean": _mean(metrics, "log_ratio_abs_mean"),
         "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),

@@ -28,8 +28,21 @@ def test_markdown_labels_proxies_and_states_sizes():
               "summary": {"mmlu_pro_synth": {"text": (0.2, 0.1), "text+vision": (0.3, 0.05), "delta": (0.1, 0.2)}}}
     md = ablation_markdown(result)
     assert "| mmlu_pro_synth (synthetic proxy) | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
-    assert "preset `tiny`" in md and "5 steps of 8 prompts x 4 responses" in md and "not MMLU-Pro" in md
+    assert "preset `tiny`" in md and "5 optimizer steps, 1 per rollout batch of 8 text prompts" in md
+    assert "x 4 responses" in md and "not MMLU-Pro" in md
     assert "evaluation options: {'num_shots': 0}" in md
+    assert "Mean reward at the start" not in md  # no reward figures recorded: nothing claimed
+
+
+@pytest.mark.parametrize("vision, informative", [(0.25, True), (0.01, False)])
+def test_markdown_reports_the_start_reward_and_flags_a_vision_arm_without_reward(vision, informative):
+    result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 20, "rl_updates_per_batch": 2,
+              "rl_prompts_per_step": 4, "rl_k": 4, "seeds": 3, "proxies": True, "limit": None, "eval_options": {},
+              "start_reward": {"text": {"text": 0.4}, "text+vision": {"text": 0.41, "vision": vision}},
+              "summary": {}}
+    md = ablation_markdown(result)
+    assert f"text tasks 0.410, vision tasks {vision:.3f}" in md
+    assert ("not informative" in md) is not informative
 
 
 @pytest.mark.slow
@@ -47,5 +60,8 @@ def test_ablation_command_end_to_end(tmp_path):
     assert result["eval_options"] == PROXY_EVAL_CONFIG.changes()  # the quickstart's proxy settings, comparable
     for arm in ("text", "text+vision"):
         assert all(len(v) == 2 for v in result["scores"][arm].values())
+    assert set(result["start_reward"]["text"]) == {"text"} and set(result["start_reward"]["text+vision"]) == {
+        "text", "vision"}
+    assert all(0 <= r <= 1 for rewards in result["start_reward"].values() for r in rewards.values())
     assert (out / "ablation.png").read_bytes()[:4] == b"\x89PNG"
     assert "Vision-RL ablation" in (out / "ablation.md").read_text()

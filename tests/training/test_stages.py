@@ -51,6 +51,7 @@ def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
     summary = read_summary(full)
     assert summary["updates_per_batch"] == 2 and 0 <= summary["masked_fraction"] <= 1
     assert summary["log_ratio_abs_mean"] > 0  # the second update of each batch sees a log-ratio
+    assert set(summary["family_reward_first_fifth"]) == set(summary["families"])
 
     cut = tmp_path / "rl_cut"
     rl(sft_dir, cut, steps=2, progress=False, checkpoint_every=1, prompts_per_family=2, k=2, max_new_tokens=6)
@@ -135,3 +136,13 @@ def test_rl_prompts_give_every_task_its_share_and_arms_the_same_text_prompts():
     assert set(seen) == set(RL_FAMILIES["text"]) | set(RL_FAMILIES["vision"])
     for family in ("text", "vision"):  # 40 steps x 4 prompts: whole cycles of 2 and 8 tasks
         assert {seen[t] for t in RL_FAMILIES[family]} == {160 // len(RL_FAMILIES[family])}, family
+
+
+def test_family_rewards_average_each_familys_task_entries():
+    from kimi_vl.training.stages import family_rewards
+
+    rows = [{"reward/mc": 1.0, "reward/arithmetic": 0.0, "reward/count": 0.5, "reward_mean": 0.5},
+            {"reward/mc": 0.5, "reward/color": 1.0, "reward/chart_bar": 0.0}]
+    assert family_rewards(rows, ["text", "vision"]) == {"text": pytest.approx(0.5), "vision": pytest.approx(0.5)}
+    assert family_rewards(rows[:1], ["vision"]) == {"vision": 0.5}
+    assert family_rewards([{"reward/mc": 1.0}], ["text", "vision"]) == {"text": 1.0, "vision": None}
