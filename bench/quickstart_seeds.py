@@ -6,7 +6,7 @@ on the mean and on every seed.
 
 Figures: both proxies after pre-training, SFT and RL and on the fresh draw, MathVista's two parts after RL, the
 constant-answer baselines, the demo's share of the blank-to-true gap, the final model's teacher-forced image colour
-(`skills.colour_accuracy`, held-out items), and the wall time.
+(`skills.colour_accuracy`, held-out items), and the wall time. The table is printed and written to `OUT/seeds.md`.
 """
 
 from __future__ import annotations
@@ -41,18 +41,24 @@ GOALS = (
 each seed must come within 5 points of it."""
 
 
-def figures(run: Path) -> dict[str, float]:
-    """A finished quickstart folder's figures (percent, minutes)."""
-    ev = json.loads((run / "eval" / "done.json").read_text())
+def proxy_figures(ev: dict) -> dict[str, float]:
+    """The proxy figures (percent) of a quickstart's `eval/done.json`: each stage's accuracy, the parts after RL, and
+    the pinned items' chance and constant answer."""
     out: dict[str, float] = {}
     for stage in ("pretrain", "sft", "rl", "fresh"):
         for name, entry in ev.get(stage, {}).items():
             out[f"{name}/{stage}"] = 100 * entry["accuracy"]
-            out[f"{name}/constant"] = 100 * entry["constant"]
-            out[f"{name}/chance"] = 100 * entry["chance"]
-            if stage == "rl":
+            if stage == "rl":  # the baselines of the pinned items (the fresh draw has its own)
+                out[f"{name}/constant"] = 100 * entry["constant"]
+                out[f"{name}/chance"] = 100 * entry["chance"]
                 for part, c in entry.get("categories", {}).items():
                     out[f"{name}/rl/{part}"] = 100 * c["accuracy"]
+    return out
+
+
+def figures(run: Path) -> dict[str, float]:
+    """A finished quickstart folder's figures (percent, minutes)."""
+    out = proxy_figures(json.loads((run / "eval" / "done.json").read_text()))
     demo = json.loads((run / "demo" / "done.json").read_text())
     if demo.get("true_page_score") is not None:
         out["video2web/gap"] = 100 * gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
@@ -73,23 +79,27 @@ def main() -> None:
         quickstart(run, preset=args.preset, seed=seed)
     per_seed = {s: figures(run) for s, run in runs.items()}
     keys = sorted(set.intersection(*(set(f) for f in per_seed.values())))
-    print(f"| figure | mean | min-max | {' | '.join(f'seed {s}' for s in runs)} |")
-    print("|---|---|---|" + "---|" * len(runs))
+    lines = [f"| figure | mean | min-max | {' | '.join(f'seed {s}' for s in runs)} |",
+             "|---|---|---|" + "---|" * len(runs)]
     mean = {}
     for key in keys:
         values = [per_seed[s][key] for s in runs]
         mean[key] = statistics.fmean(values)
-        print(f"| {key} | {mean[key]:.1f} | {min(values):.1f}-{max(values):.1f} | "
-              + " | ".join(f"{v:.1f}" for v in values) + " |")
-    print("\n| goal | mean | met on the mean | seeds within 5 points |\n|---|---|---|---|")
+        lines.append(f"| {key} | {mean[key]:.1f} | {min(values):.1f}-{max(values):.1f} | "
+                     + " | ".join(f"{v:.1f}" for v in values) + " |")
+    lines += ["", "| goal | mean | met on the mean | seeds within 5 points |", "|---|---|---|---|"]
     for name, value, threshold in GOALS:
         try:
             on_mean = value(mean)
             on_seeds = [value(per_seed[s]) >= threshold - 5 for s in runs]
         except KeyError as missing:
-            print(f"| {name} | not measured ({missing}) | | |")
+            lines.append(f"| {name} | not measured ({missing}) | | |")
             continue
-        print(f"| {name} | {on_mean:.1f} | {'yes' if on_mean >= threshold else 'NO'} | {sum(on_seeds)}/{len(runs)} |")
+        lines.append(f"| {name} | {on_mean:.1f} | {'yes' if on_mean >= threshold else 'NO'} | "
+                     f"{sum(on_seeds)}/{len(runs)} |")
+    table = "\n".join(lines) + "\n"
+    print(table)
+    (Path(args.out) / "seeds.md").write_text(table)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 Joint pre-training from scratch (the `tiny` preset's model and tokenizer, MuonClip, 4 x 256-token batches) where
 every image document is a one-shape colour question in chat form and every text document an arithmetic sample.
 Every `--every` steps it prints the colour accuracy (teacher-forced, `skills.colour_accuracy`; chance 10%). With
+`--task count` (or `chart_bar`) the image documents are the world's counting (bar-value) questions instead and the
+accuracy is that of greedy answers (`skills.answer_accuracy`, 60 val items; chance 1/6 for counts 1-6, 1/20 for bar
+values 1-20); `--max-patches` sets the image processor's patch budget (the preset's: 64). With
 `--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's. With
 `--swatch-steps n` the first n steps' image documents are one-colour images (the world's `swatch` task: "What color
 is the image?") instead: the curriculum of the tiny preset.
@@ -10,15 +13,17 @@ is the image?") instead: the curriculum of the tiny preset.
     python bench/vision_ratio.py --ratio 0.6 --steps 300
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --vision-loss-weight 5
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --swatch-steps 100
+    python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task count --max-patches 144
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import torch
-from skills import colour_accuracy
+from skills import answer_accuracy, colour_accuracy
 
 from kimi_vl.data import PackedBatch, embedded_pretrain_stream
 from kimi_vl.training.presets import get_preset
@@ -49,9 +54,14 @@ def main() -> None:
     ap.add_argument("--vision-loss-weight", type=float, default=1.0)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--swatch-steps", type=int, default=0, help="first steps whose images are one-colour swatches")
+    ap.add_argument("--task", choices=("color", "count", "chart_bar"), default="color",
+                    help="the world's image task of the image documents after the swatch steps")
+    ap.add_argument("--max-patches", type=int, default=None, help="patch budget per image (default: the preset's)")
     args = ap.parse_args()
     preset = get_preset("tiny")
     data = preset.data["pretrain"]
+    if args.max_patches:
+        data = dataclasses.replace(data, image_max_patches=args.max_patches)
     processor = build_processor(data)
     torch.manual_seed(0)
     model = build_model(preset, processor)
@@ -59,15 +69,16 @@ def main() -> None:
                                               vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
                                               code_fraction=0.0, text_tasks={"arithmetic": 1.0},
                                               vision_tasks={task: 1.0})
-               for task in ("swatch", "color")}
+               for task in ("swatch", args.task)}
     optimizer = build_optimizer(model, TrainConfig(steps=args.steps, lr=args.lr))
     t0 = time.perf_counter()
-    print(f"vision ratio {args.ratio}, lr {args.lr}, image-document loss weight {args.vision_loss_weight}, "
-          f"{args.swatch_steps} swatch steps first")
+    print(f"task {args.task}, vision ratio {args.ratio}, lr {args.lr}, image-document loss weight "
+          f"{args.vision_loss_weight}, {args.swatch_steps} swatch steps first, {processor.image_processor.max_patches} "
+          "patches per image")
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 20)
-        stream = streams["swatch" if step < args.swatch_steps else "color"]
+        stream = streams["swatch" if step < args.swatch_steps else args.task]
         loss = weighted_loss(model, stream.batch(step), processor.image_token_id, args.vision_loss_weight)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -75,9 +86,10 @@ def main() -> None:
         optimizer.zero_grad()
         if (step + 1) % args.every == 0:
             model.eval()
-            accuracy = colour_accuracy(model, processor)
+            accuracy = (colour_accuracy(model, processor) if args.task == "color"
+                        else answer_accuracy(model, processor, args.task, "val"))
             model.train()
-            print(f"step {step + 1}: loss {loss.item():.3f}, colour accuracy {100 * accuracy:.1f}% "
+            print(f"step {step + 1}: loss {loss.item():.3f}, {args.task} accuracy {100 * accuracy:.1f}% "
                   f"({time.perf_counter() - t0:.0f} s)", flush=True)
 
 

@@ -213,6 +213,14 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _family_rewards(rl_summary: dict[str, Any]) -> str:
+    """", by task family: text 0.380 -> 0.400, vision 0.230 -> 0.250" from an RL summary (first fifth of the steps
+    -> last fifth; empty when the summary has no family rewards: users' prompt rows)."""
+    first, last = rl_summary.get("family_reward_first_fifth") or {}, rl_summary.get("family_reward_last_fifth") or {}
+    parts = [f"{f} {first[f]:.3f} -> {last[f]:.3f}" for f in first if first[f] is not None and last.get(f) is not None]
+    return ", by task family: " + ", ".join(parts) if parts else ""
+
+
 def _img(path: Path, out: Path, alt: str) -> str:
     return f"![{alt}]({path.relative_to(out)})" if path.is_file() else f"({alt}: not produced)"
 
@@ -234,8 +242,9 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
     lines += ["", f"RL ({'+'.join(r.get('families') or [])}, {r.get('algorithm')}): {r.get('steps')} optimizer steps, "
               f"{r.get('updates_per_batch', 1)} per rollout batch of {r.get('prompts_per_step')} prompts x "
               f"{r.get('k')} responses; mean reward {r.get('reward_first_fifth', 0):.3f} (first fifth of the steps) -> "
-              f"{r.get('reward_last_fifth', 0):.3f} (last fifth); tokens outside the log-ratio band "
-              f"{100 * r.get('masked_fraction', 0):.2f}%, mean |log-ratio| {r.get('log_ratio_abs_mean', 0):.4f}; "
+              f"{r.get('reward_last_fifth', 0):.3f} (last fifth){_family_rewards(r)}; "
+              f"tokens outside the log-ratio band {100 * r.get('masked_fraction', 0):.2f}%, "
+              f"mean |log-ratio| {r.get('log_ratio_abs_mean', 0):.4f}; "
               f"{times.get('rl', 0):.0f} s.", "",
               _img(out / "pretrain/plots/loss.png", out, "pre-training loss"), "",
               _img(out / "pretrain/plots/max_logits.png", out, "max logits (QK-Clip)"), "",

@@ -49,9 +49,9 @@ def mean_ci(values: list[float]) -> tuple[float, float]:
     return m, t95(len(values) - 1) * statistics.stdev(values) / math.sqrt(len(values))
 
 
-def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int = ABLATION_SEEDS, steps: int | None = None,
-                       data_dir: str | Path | None = None, limit: int | None = None, progress: bool = True,
-                       config: EvalConfig | None = None) -> dict[str, Any]:
+def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int = ABLATION_SEEDS,
+                       steps: int | None = None, data_dir: str | Path | None = None, limit: int | None = None,
+                       progress: bool = True, config: EvalConfig | None = None) -> dict[str, Any]:
     """Run the ablation (resumable: finished RL runs and cached responses are reused); returns the report dict and
     writes `ablation.json`, `ablation.md` and `ablation.png` under `out_dir`.
 

@@ -18,6 +18,7 @@ def test_quickstart_smoke(tmp_path):
     report = (out / "REPORT.md").read_text()
     for heading in ("## Training", "## Evaluation (synthetic proxies", "## Video to website", "## Wall time"):
         assert heading in report
+    assert re.search(r"by task family: text [0-9.]+ -> [0-9.]+, vision [0-9.]+ -> [0-9.]+;", report)
     model = AutoModelForImageTextToText.from_pretrained(out / "model")
     processor = AutoProcessor.from_pretrained(out / "model")
     assert type(model).__name__ == "KimiVLForConditionalGeneration" and type(processor).__name__ == "KimiVLProcessor"
@@ -70,6 +71,25 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert "| after SFT | after RL | after RL, fresh draw |" in write_report(tmp_path, {}).read_text()
 
 
+def test_seed_figures_take_the_pinned_items_baselines(monkeypatch):
+    """`bench/quickstart_seeds.py` reads each stage's accuracy and the parts after RL, and the chance and constant
+    answer of the pinned items, not those of the fresh draw (which has its own)."""
+    import importlib
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).parents[2] / "bench"))
+    seeds = importlib.import_module("quickstart_seeds")
+
+    def entry(acc, chance, constant):
+        return {"accuracy": acc, "chance": chance, "constant": constant,
+                "categories": {"general-vqa": {"accuracy": acc / 2}}}
+
+    ev = {stage: {"mathvista_synth": entry(0.1 * i, 0.08, 0.15)} for i, stage in enumerate(("pretrain", "sft", "rl"))}
+    ev["fresh"] = {"mathvista_synth": entry(0.3, 0.05, 0.12)}
+    f = seeds.proxy_figures(ev)
+    assert f["mathvista_synth/constant"] == pytest.approx(15) and f["mathvista_synth/chance"] == pytest.approx(8)
+    assert f["mathvista_synth/fresh"] == pytest.approx(30) and f["mathvista_synth/rl"] == pytest.approx(20)
+    assert f["mathvista_synth/rl/general-vqa"] == pytest.approx(10) and "mathvista_synth/fresh/general-vqa" not in f
 
 @pytest.mark.slow
 def test_default_quickstart_meets_its_goals(tmp_path, monkeypatch):
