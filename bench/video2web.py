@@ -3,9 +3,11 @@
 For each of `--n` screencasts (seeds disjoint from every training seed) the demo generates `site.html` from the
 video, renders it in headless Chromium and scores it against the frames (`kimi_vl.demos.similarity`). Anchors on the
 same frames: a blank white page (the floor) and the screencast's true HTML rendered the same way (the ceiling).
-Prints the mean scores and the model's margin over the blank page.
+Prints the mean scores and the model's margin over the blank page. `--split val` draws the screencasts from the
+world's validation split instead of the held-out eval split: for choosing settings without looking at the reported
+figure.
 
-    python bench/video2web.py --model runs/quickstart/model [--n 10]
+    python bench/video2web.py --model runs/quickstart/model [--n 10] [--split val]
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--n", type=int, default=10)
+    ap.add_argument("--split", choices=("eval", "val"), default="eval", help="the world's split of the screencasts")
     args = ap.parse_args()
     model, processor = load_model(args.model)
     model_scores, blank_scores, true_scores = [], [], []
@@ -37,7 +40,7 @@ def main() -> None:
         for i in range(args.n):
             work = Path(tmp) / str(i)
             work.mkdir()
-            cast = make_sample("screencast", random.Random(DEMO_SEED + 1 + i), split="eval").video  # held out
+            cast = make_sample("screencast", random.Random(DEMO_SEED + 1 + i), split=args.split).video
             video = write_video(cast.frames, work / "cast.mp4", cast.fps)
             result = run_video2web(video, args.model, work / "model", render=True, max_new_tokens=256, model=model,
                                    processor=processor)
@@ -54,7 +57,7 @@ def main() -> None:
                   f"(stop: {result.stop})", flush=True)
     m, b, t = (statistics.fmean(x) for x in (model_scores, blank_scores, true_scores))
     wins = sum(a > c for a, c in zip(model_scores, blank_scores))
-    print(f"mean similarity over {args.n} held-out screencasts: model {m:.3f}, blank white page {b:.3f}, "
+    print(f"mean similarity over {args.n} {args.split} screencasts: model {m:.3f}, blank white page {b:.3f}, "
           f"true HTML {t:.3f}; model - blank = {m - b:+.3f} (model ahead on {wins}/{args.n}); "
           f"fraction of the blank-to-true gap closed: {gap_closed(m, b, t):.2f}")
 
