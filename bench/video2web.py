@@ -19,12 +19,11 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-from PIL import Image
 
 from kimi_vl.data.screencast import write_video
 from kimi_vl.data.world import make_sample
-from kimi_vl.demos.similarity import gap_closed, page_similarity
-from kimi_vl.demos.video2web import load_model, render_and_score, run_video2web
+from kimi_vl.demos.similarity import gap_closed
+from kimi_vl.demos.video2web import blank_page_score, load_model, render_and_score, run_video2web
 from kimi_vl.quickstart import DEMO_SEED
 
 
@@ -45,11 +44,9 @@ def main() -> None:
             result = run_video2web(video, args.model, work / "model", render=True, max_new_tokens=256, model=model,
                                    processor=processor)
             frames = np.stack([np.asarray(f) for f in cast.frames])
-            w, h = cast.frames[0].size
             (work / "true.html").write_text(cast.html)
-            (work / "true").mkdir()
             true_score = render_and_score(work / "true.html", frames, work / "true")[3]["score"]
-            blank = page_similarity(list(frames), Image.new("RGB", (w, 8 * h), "white")).score
+            blank = blank_page_score(frames)
             model_scores.append(result.score["score"])
             blank_scores.append(blank)
             true_scores.append(true_score)

@@ -92,13 +92,11 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     import random
 
     import numpy as np
-    from PIL import Image
 
     from .data.screencast import write_video
     from .data.world import make_sample
     from .demos.render import BrowserNotFoundError, find_chromium
-    from .demos.similarity import page_similarity
-    from .demos.video2web import render_and_score, run_video2web
+    from .demos.video2web import blank_page_score, render_and_score, run_video2web
 
     marker = out / "demo" / "done.json"
     if (done := _done(marker)) is not None:
@@ -114,10 +112,9 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     except BrowserNotFoundError:
         render = False
     result = run_video2web(video, model_dir, demo, render=render, max_new_tokens=256)
-    frames = [np.asarray(f) for f in cast.frames]
-    w, h = cast.frames[0].size
-    blank = page_similarity(frames, Image.new("RGB", (w, 8 * h), "white")).score
-    true = render_and_score(demo / "target.html", np.stack(frames), demo / "true")[3]["score"] if render else None
+    frames = np.stack([np.asarray(f) for f in cast.frames])
+    blank = blank_page_score(frames)
+    true = render_and_score(demo / "target.html", frames, demo / "true")[3]["score"] if render else None
     summary = {"video": str(video), "site": str(result.site), "stop": result.stop, "new_tokens": result.new_tokens,
                "rendered": render, "score": (result.score or {}).get("score"), "blank_page_score": blank,
                "true_page_score": true, "compare": str(result.compare) if result.compare else None}

@@ -245,6 +245,20 @@ def generate_html(
 
 
 # ----------------------------------------------------------------------------------------------------- render
+def _page_height(frame_height: int) -> int:
+    """Height at which a page is rendered (and scored) for frames `frame_height` pixels tall."""
+    return min(MAX_RENDER_HEIGHT, max(frame_height, RENDER_HEIGHT_FACTOR * frame_height))
+
+
+def blank_page_score(frames: np.ndarray) -> float:
+    """Similarity of a blank white page, of the size `render_and_score` renders, to the frames `[T, H, W, 3]`: the
+    floor a generated page is measured against."""
+    from .similarity import page_similarity
+
+    _, h, w, _ = frames.shape
+    return page_similarity(list(frames), Image.new("RGB", (w, _page_height(h)), "white")).score
+
+
 def render_and_score(
     site: str | Path,
     frames: np.ndarray,
@@ -270,7 +284,7 @@ def render_and_score(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     t, h, w, _ = frames.shape
-    page_h = min(MAX_RENDER_HEIGHT, max(h, RENDER_HEIGHT_FACTOR * h))
+    page_h = _page_height(h)
     full = render_html(Path(site), w, page_h, timeout=timeout, browser=browser)
     shot = full.crop((0, 0, w, h))  # the first screen: what a w x h window shows (the page lays out the same)
     render_path = out / "render.png"

@@ -11,8 +11,10 @@ import torch
 from PIL import Image
 
 from kimi_vl.data.screencast import make_screencast, write_video
+from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import (
     add_video2web_parser,
+    blank_page_score,
     generate_html,
     load_model,
     read_video,
@@ -98,6 +100,10 @@ def test_render_and_score_true_page_into_a_new_folder(cast, tmp_path, chromium):
     render, compare, score_path, score = render_and_score(tmp_path / "target.html", frames, tmp_path / "a" / "true")
     assert render.is_file() and compare.is_file() and json.loads(score_path.read_text()) == score
     assert score["score"] > 0.9
+    blank = blank_page_score(frames)  # the floor: a white page of the rendered page's size
+    w, h = score["frame_size"]
+    assert blank == page_similarity(list(frames), Image.new("RGB", (w, score["page_render_height"]), "white")).score
+    assert blank < score["score"] - 0.2
 
 
 def test_stops_at_closing_tag(loaded, cast, monkeypatch):
