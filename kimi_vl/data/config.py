@@ -56,7 +56,7 @@ class DataConfig:
         image_max_patches: patch budget per image of the checkpoint's image processor.
         video_max_patches: patch budget per video frame.
         video_fps: frames per second sampled from videos.
-        families: RL task families of the embedded data: text, vision or both.
+        families: RL task families of the embedded data: text, vision, or both as `text,vision`.
         prompts_per_step: RL prompts per rollout batch of users' data.
         prompts_per_family: RL prompts per rollout batch of each task family of the embedded data.
         video_fraction: (embedded data) share of vision documents that are screencasts.

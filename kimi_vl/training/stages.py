@@ -204,7 +204,8 @@ def family_tasks(families: tuple[str, ...] | list[str]) -> tuple[str, ...]:
     """The world tasks of RL task families (`RL_FAMILIES`)."""
     unknown = [f for f in families if f not in RL_FAMILIES]
     if unknown or not families:
-        raise ConfigError(f"unknown RL task families {unknown or families}; choose from {', '.join(RL_FAMILIES)}.")
+        raise ConfigError(f"unknown RL task families {unknown or families}; choose from {', '.join(RL_FAMILIES)} "
+                          "(both: text,vision).")
     return tuple(t for f in families for t in RL_FAMILIES[f])
 
 
