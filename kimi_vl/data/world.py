@@ -595,11 +595,12 @@ def _rectangle_image(rng: random.Random, a: int, b: int) -> tuple[Image.Image, i
     """A rectangle drawn to scale (a x b cm) with its two side lengths written next to it."""
     w, h = _size(rng, 96)
     image, draw = _canvas(w, h, rng)
-    scale = min((w - 40) / a, (h - 30) / b)
-    rw, rh = max(8, int(a * scale)), max(8, int(b * scale))
-    x0, y0 = (w - rw) // 2, (h - rh) // 2
-    draw.rectangle([x0, y0, x0 + rw, y0 + rh], outline=(0, 0, 0), width=2)
     font = _font(10)
+    side = font.getlength(f"{b} cm") + 3  # the right-hand label must fit inside the canvas
+    scale = min((w - 12 - side) / a, (h - 30) / b)
+    rw, rh = max(8, int(a * scale)), max(8, int(b * scale))
+    x0, y0 = int(w - rw - side) // 2, (h - rh) // 2
+    draw.rectangle([x0, y0, x0 + rw, y0 + rh], outline=(0, 0, 0), width=2)
     draw.text((x0 + rw / 2, y0 - 2), f"{a} cm", fill=(0, 0, 0), font=font, anchor="mb")
     draw.text((x0 + rw + 3, y0 + rh / 2), f"{b} cm", fill=(0, 0, 0), font=font, anchor="lm")
     return image, w, h

@@ -276,6 +276,17 @@ def test_bar_max_chart_when_every_bar_is_one():
     assert min(values) >= 1 and values.count(max(values)) == 1
 
 
+def test_rectangle_diagrams_show_both_side_lengths_whole():
+    """Regression: the right-hand side length ("12 cm") was written past the canvas's right edge on wide
+    rectangles, so the diagram hid digits the question needs. Nothing is drawn in the outer 2 pixels of any edge."""
+    rects = [s for s in make_samples(("visual_math",), 200, seed=4) if s.meta["kind"] == "rect"]
+    assert len(rects) >= 15
+    for s in rects:
+        gray = np.asarray(s.image.convert("L"))
+        edges = [gray[:2], gray[-2:], gray[:, :2], gray[:, -2:]]
+        assert min(int(e.min()) for e in edges) > 200, s.meta["sides"]
+
+
 def test_proxy_items_are_pinned(tmp_path):
     """The evaluation proxies (seed 90210, the held-out `eval` split) are built by these generators: their items -
     questions, options, answers, images - are pinned, so a change of the training data's wording or mixture cannot
@@ -289,7 +300,7 @@ def test_proxy_items_are_pinned(tmp_path):
     for r in mathvista_rows(100, 90_210, tmp_path).values():
         digest.update(json.dumps([r["question"], r["choices"], r["answer"], r["unit"], r["precision"]]).encode())
         digest.update((tmp_path / r["image"]).read_bytes())
-    assert digest.hexdigest() == "a041e0e65766c95477beac9c03e472a80df298ae98bd10b202cb9d05315b4ff2"
+    assert digest.hexdigest() == "0ba376bb564838a6aef25894ed2e8271ccb84351f486ecbc1e2468290baf90ce"
 
 
 def test_evaluation_items_are_held_out_from_every_training_draw(tmp_path):
