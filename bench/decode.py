@@ -41,7 +41,7 @@ def decode_steps(model: KimiTextForCausalLM, cache: KimiHybridCache, token: torc
     """Seconds per token of `n` greedy decode steps (each feeds back its argmax)."""
     t0 = time.perf_counter()
     for _ in range(n):
-        token = model(token, past_key_values=cache).logits[:, -1:].argmax(-1)
+        token = model(token, cache=cache).logits[:, -1:].argmax(-1)
     return (time.perf_counter() - t0) / n
 
 

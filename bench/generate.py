@@ -165,14 +165,14 @@ def bench_compile(args) -> None:
     with torch.no_grad():
         t0 = time.perf_counter()
         for _ in range(3):  # compiles (and recompiles while the cache length changes)
-            compiled(token, past_key_values=cache)
+            compiled(token, cache=cache)
         compile_s = time.perf_counter() - t0
         steps: dict[str, list[float]] = {"eager": [], "compiled": []}
         for _ in range(args.rounds):
             for name, fn in (("eager", model.forward), ("compiled", compiled)):
                 t0 = time.perf_counter()
                 for _ in range(20):
-                    fn(token, past_key_values=cache)
+                    fn(token, cache=cache)
                 steps[name].append((time.perf_counter() - t0) / 20 * 1e3)
     print(f"COMPILE tiny decode step, batch 1, {args.context} cached tokens, {args.threads} threads: first 3 compiled "
           f"calls {compile_s:.1f} s; ms/step eager {spread(steps['eager'])}, compiled {spread(steps['compiled'])}; "

@@ -27,7 +27,7 @@ class KimiVLConfig(PretrainedConfig):
 
     model_type = "kimi_vl"
     sub_configs = {"vision_config": MoonViTConfig, "text_config": KimiTextConfig}
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
 
     def __init__(
         self,

@@ -92,7 +92,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         image_grid_thw: torch.Tensor | None = None,
         pixel_values_videos: torch.Tensor | None = None,
         video_grid_thw: torch.Tensor | None = None,
-        past_key_values: KimiHybridCache | None = None,
+        cache: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -102,7 +102,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         if inputs_embeds is None:
             if input_ids is None:
                 raise ShapeError("Pass input_ids [B, T] (or inputs_embeds [B, T, hidden]).")
-            decoding = past_key_values is not None and past_key_values.get_seq_length() > 0
+            decoding = cache is not None and cache.get_seq_length() > 0
             if decoding and pixel_values is None and pixel_values_videos is None:
                 # Decode steps carry no media (they were encoded at prefill); a generated placeholder id is text.
                 inputs_embeds = self.get_input_embeddings()(input_ids)
@@ -112,7 +112,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         elif pixel_values is not None or pixel_values_videos is not None:
             raise ShapeError("Media need input_ids to locate their placeholders; pass input_ids, not inputs_embeds.")
         return self.language_model(
-            inputs_embeds=inputs_embeds, attention_mask=attention_mask, past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
             labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
         )
 

@@ -142,9 +142,9 @@ def test_video_and_image_in_one_prompt_with_cache():
     assert (full - model(ids.masked_fill(ids == VID, 9), pixel_values=pi, image_grid_thw=torch.tensor([gi]))
             .logits).abs().max() > 1e-2
     out = model(ids[:, :-2], use_cache=True, **kw)
-    cache = out.past_key_values
+    cache = out.cache
     for t in (ids.shape[1] - 2, ids.shape[1] - 1):  # decode steps carry no pixels
-        step = model(ids[:, t : t + 1], past_key_values=cache).logits
+        step = model(ids[:, t : t + 1], cache=cache).logits
         assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
 
 

@@ -175,8 +175,8 @@ class HybridCacheGenerationMixin:
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
     ) -> None:
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
-            model_kwargs["past_key_values"] = KimiHybridCache(self.config.get_text_config(), max_cache_length)
+        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+            model_kwargs["cache"] = KimiHybridCache(self.config.get_text_config(), max_cache_length)
         else:
             super()._prepare_cache_for_generation(
                 generation_config, model_kwargs, generation_mode, batch_size, max_cache_length

@@ -82,7 +82,7 @@ class KimiTextConfig(PretrainedConfig):
     """
 
     model_type = "kimi_vl_text"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["cache"]
     attribute_map = {"first_k_dense_replace": "first_k_dense"}
 
     def __init__(

@@ -150,7 +150,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: KimiHybridCache | None = None,
+        cache: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
@@ -169,7 +169,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         B, T, _ = inputs_embeds.shape
-        if cu_seqlens is not None and (B != 1 or attention_mask is not None or past_key_values is not None):
+        if cu_seqlens is not None and (B != 1 or attention_mask is not None or cache is not None):
             raise ShapeError(
                 f"cu_seqlens packs sequences into one row: it needs batch size 1 (got {B}), no attention_mask "
                 "and no cache."
@@ -179,7 +179,6 @@ class KimiTextModel(KimiTextPreTrainedModel):
         if use_cache and self.gradient_checkpointing and self.training:
             raise ConfigError("use_cache=True cannot be combined with gradient checkpointing during training "
                              "(recomputation would append to the cache twice); pass use_cache=False.")
-        cache = past_key_values
         if use_cache and cache is None and cu_seqlens is None:
             cache = KimiHybridCache(self.config)
         past = cache.get_seq_length() if cache is not None else 0
@@ -214,7 +213,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
             cache.advance(T)
         return BaseModelOutputWithPast(
             last_hidden_state=h,
-            past_key_values=cache if use_cache else None,
+            cache=cache if use_cache else None,
             hidden_states=tuple(hidden_states) if hidden_states is not None else None,
         )
 
@@ -291,7 +290,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: KimiHybridCache | None = None,
+        cache: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -307,7 +306,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         equally)."""
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-            past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
+            cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
             output_hidden_states=output_hidden_states,
         )
         h = out.last_hidden_state
@@ -316,7 +315,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         if labels is not None:
             loss = causal_lm_loss(logits, labels, cu_seqlens, per_document=loss_normalisation == "document")
         return CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=out.past_key_values, hidden_states=out.hidden_states
+            loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states
         )
 
 

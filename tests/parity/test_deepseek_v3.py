@@ -105,7 +105,7 @@ def test_absorbed_decode_equals_expanded(pair):
     steps = []
     for t in range(4):
         pos = ids.shape[1] - 4 + t
-        out = ours(ids[:, pos:pos + 1], attention_mask=mask[:, :pos + 1], past_key_values=out.past_key_values,
+        out = ours(ids[:, pos:pos + 1], attention_mask=mask[:, :pos + 1], cache=out.cache,
                    use_cache=True)
         steps.append(out.logits[:, -1])
     assert (torch.stack(steps, 1) - full).abs().max() < 1e-4

@@ -128,9 +128,9 @@ def test_attnres_with_cache_and_packing():
     ids = torch.randint(3, 61, (1, 40))
     full = model(ids, use_cache=False).logits
     out = model(ids[:, :30], use_cache=True)
-    cache = out.past_key_values
+    cache = out.cache
     for t in range(30, 40):
-        step = model(ids[:, t : t + 1], past_key_values=cache).logits
+        step = model(ids[:, t : t + 1], cache=cache).logits
         assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
     cu = torch.tensor([0, 15, 40], dtype=torch.int32)
     packed = model(ids, cu_seqlens=cu).logits

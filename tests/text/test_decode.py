@@ -38,14 +38,14 @@ def cache_tensors(cache: KimiHybridCache) -> list[tuple]:
 def test_random_cache_has_the_tensors_of_a_real_prefill(layout, dtype):
     model = layout_model(layout).to(dtype)
     real = KimiHybridCache(model.config)
-    model(torch.randint(3, 61, (2, 37)), past_key_values=real)
+    model(torch.randint(3, 61, (2, 37)), cache=real)
     fake = KimiHybridCache.random(model.config, 37, batch_size=2, dtype=dtype, max_length=40,
                                   generator=torch.Generator().manual_seed(0))
     assert cache_tensors(fake) == cache_tensors(real)
     assert fake.get_seq_length() == real.get_seq_length() == 37
     assert fake.nbytes() == real.nbytes()
     for _ in range(3):  # the model decodes from it, in place (no reallocation within max_length)
-        logits = model(torch.tensor([[5], [6]]), past_key_values=fake).logits
+        logits = model(torch.tensor([[5], [6]]), cache=fake).logits
         assert torch.isfinite(logits).all()
     assert fake.get_seq_length() == 40
     assert all(b is None or b.shape[1] == 40 for b in fake._latents)
@@ -68,6 +68,6 @@ def test_greedy_generate_equals_cache_free_decoding(layout):
         seq, m = torch.cat([seq, nxt], 1), torch.cat([m, torch.ones_like(nxt)], 1)
     assert torch.equal(out.sequences, seq)
     # The cache was allocated once for prompt + new tokens (the last token is never fed back), not grown.
-    cache = out.past_key_values
+    cache = out.cache
     assert cache.get_seq_length() == 21 + 11
     assert {b.shape[1] for b in cache._latents if b is not None} == {21 + 11}

@@ -38,10 +38,10 @@ def test_cached_decode_equals_full_forward_every_step():
     ids = torch.randint(3, 61, (2, 90))
     full = model(ids, use_cache=False).logits
     cache = KimiHybridCache(model.config)
-    step = model(ids[:, :70], past_key_values=cache, use_cache=True).logits
+    step = model(ids[:, :70], cache=cache, use_cache=True).logits
     assert (step - full[:, :70]).abs().max() < 1e-4
     for t in range(70, 90):  # one token at a time: recurrent KDA + absorbed MLA
-        step = model(ids[:, t : t + 1], past_key_values=cache, use_cache=True).logits
+        step = model(ids[:, t : t + 1], cache=cache, use_cache=True).logits
         assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
     assert cache.get_seq_length() == 90
 
@@ -52,8 +52,8 @@ def test_multi_token_continuation_with_cache():
     ids = torch.randint(3, 61, (1, 120))
     full = model(ids, use_cache=False).logits
     cache = KimiHybridCache(model.config)
-    model(ids[:, :50], past_key_values=cache)
-    got = model(ids[:, 50:], past_key_values=cache).logits  # 70 new tokens: chunked KDA, expanded MLA
+    model(ids[:, :50], cache=cache)
+    got = model(ids[:, 50:], cache=cache).logits  # 70 new tokens: chunked KDA, expanded MLA
     assert (got - full[:, 50:]).abs().max() < 1e-4
 
 
@@ -190,7 +190,7 @@ def test_cache_bytes_per_token_hybrid_vs_all_mla():
     model = tiny_model()
     cache = KimiHybridCache(model.config)
     with torch.no_grad():
-        model(torch.randint(3, 61, (1, 100)), past_key_values=cache)
+        model(torch.randint(3, 61, (1, 100)), cache=cache)
     assert cache.nbytes() == pytest.approx(model.model.cache_bytes_per_token(100) * 100)
 
 

@@ -52,10 +52,10 @@ def test_any_mix_decodes_with_the_hybrid_cache(layer_types):
     mask[1, :9] = 0
     full = model(ids, attention_mask=mask, use_cache=False).logits
     cache = KimiHybridCache(model.config)
-    step = model(ids[:, :34], attention_mask=mask[:, :34], past_key_values=cache).logits
+    step = model(ids[:, :34], attention_mask=mask[:, :34], cache=cache).logits
     assert (step - full[:, :34])[mask[:, :34].bool()].abs().max() < 1e-4
     for t in range(34, 40):  # recurrent KDA, absorbed NoPE and RoPE MLA against rotated cached keys
-        step = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], past_key_values=cache).logits
+        step = model(ids[:, t:t + 1], attention_mask=mask[:, :t + 1], cache=cache).logits
         assert (step[:, 0] - full[:, t]).abs().max() < 1e-4
     # generate (greedy, padded batch) equals repeated cache-free forwards
     out = model.generate(ids[:, :30], attention_mask=mask[:, :30], max_new_tokens=5, do_sample=False, pad_token_id=0,

@@ -15,7 +15,6 @@ training. For the same reason the backbone is all MLA: KDA computes its gates in
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -28,6 +27,7 @@ from kimi_vl.text import KimiTextConfig
 from kimi_vl.training import MuonClip, route_parameters
 from kimi_vl.vision import MoonViTConfig
 from tests.test_modeling import IMG, PAD, VID, image, sample
+from tests.training.launch import free_port
 
 WORLD, STEPS, GLOBAL_BATCH = 2, 5, 4
 MODES = ("fsdp2", "ddp")
@@ -160,15 +160,9 @@ def _worker(rank: int, port: int, out: str) -> None:
             dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _launch(out: str, timeout_s: float = 180.0) -> None:
     ctx = mp.get_context("spawn")
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(rank, port, out)) for rank in range(WORLD)]
     for p in procs:
         p.start()

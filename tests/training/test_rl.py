@@ -322,8 +322,8 @@ def test_old_logprobs_are_the_sampling_distribution(tok):
     attn = prompt["attention_mask"]
     step_in = ids
     for t in range(ro.response_ids.shape[1]):
-        res = model(input_ids=step_in, attention_mask=attn, past_key_values=past, use_cache=True)
-        past = res.past_key_values
+        res = model(input_ids=step_in, attention_mask=attn, cache=past, use_cache=True)
+        past = res.cache
         cache_logits.append(res.logits[:, -1])
         step_in = ro.response_ids[:, t : t + 1]
         attn = torch.cat([attn, torch.ones_like(step_in)], dim=1)

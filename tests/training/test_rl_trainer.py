@@ -16,6 +16,7 @@ import torch
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor, load_checkpoint_dir, read_summary, rl
 from kimi_vl.training.trainer import read_metrics
+from tests.training.launch import run, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 RL_ARGS = ["--prompts-per-family", "2", "--k", "2", "--max-new-tokens", "6", "--no-progress"]
@@ -60,10 +61,8 @@ def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo; each rank rolls out half of the 4 prompts) against one process: the same
     responses and rewards (seeded per prompt, not per process), losses and updated weights to 1e-5."""
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(_command(checkpoint, one, "--steps", "2"), check=True, env=_env(), capture_output=True)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(29_600 + os.getpid() % 1000), *_command(checkpoint, two, "--steps", "2")[1:]],
-                   check=True, env=_env(), capture_output=True)
+    run(_command(checkpoint, one, "--steps", "2"), _env())
+    torchrun(_command(checkpoint, two, "--steps", "2"), _env())
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2]
     for x, y in zip(a, b):
@@ -76,7 +75,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
 def test_sigkill_then_rerun_reproduces_the_uninterrupted_run(checkpoint, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     args = ("--steps", "4", "--checkpoint-every", "1")
-    subprocess.run(_command(checkpoint, reference, *args), check=True, env=_env(), capture_output=True)
+    run(_command(checkpoint, reference, *args), _env())
     proc = subprocess.Popen(_command(checkpoint, killed, *args), env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -85,7 +84,7 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_run(checkpoint, tmp_pat
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "training_summary.json").exists()
-    subprocess.run(_command(checkpoint, killed, *args), check=True, env=_env(), capture_output=True)
+    run(_command(checkpoint, killed, *args), _env())
     assert _stable(killed) == _stable(reference)
     _assert_same_weights(killed, reference, atol=0)
 

@@ -20,6 +20,7 @@ from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary
 from kimi_vl.training.trainer import read_metrics
 from tests.data.userdata import BAD, write_user_data
+from tests.training.launch import run, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--seq-len", "96", "--rows", "2", "--no-progress"]
@@ -128,7 +129,7 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
     data-loader worker, the reference in the training process."""
     root, p = data
     reference = tmp_path / "reference"
-    subprocess.run(_command(reference, root, p), check=True, env=_env(), capture_output=True)
+    run(_command(reference, root, p), _env())
     killed = tmp_path / "killed"
     for marker in ("run_config.json", "state/step_00000002"):  # kill during set-up, then inside step 3
         proc = subprocess.Popen(_command(killed, root, p, "--num-workers", "1"), env=_env(),
@@ -139,7 +140,7 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert not (killed / "training_summary.json").exists()
-    subprocess.run(_command(killed, root, p, "--num-workers", "1"), check=True, env=_env(), capture_output=True)
+    run(_command(killed, root, p, "--num-workers", "1"), _env())
     assert _curve(killed) == _curve(reference)
     errors = [(killed / "data_errors.jsonl"), (reference / "data_errors.jsonl")]
     assert [e.read_text() if e.exists() else "" for e in errors][0] == [e.read_text() if e.exists() else ""
@@ -155,11 +156,8 @@ def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     documents and bad records at every step, the same losses up to float rounding."""
     root, p = data
     one, two = tmp_path / "one", tmp_path / "two"
-    subprocess.run(_command(one, root, p, "--steps", "3", "--grad-accum", "2"), check=True, env=_env(),
-                   capture_output=True)
-    subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-                    str(29_500 + os.getpid() % 1000), *_command(two, root, p, "--steps", "3", "--grad-accum", "1")[1:]],
-                   check=True, env=_env(), capture_output=True)
+    run(_command(one, root, p, "--steps", "3", "--grad-accum", "2"), _env())
+    torchrun(_command(two, root, p, "--steps", "3", "--grad-accum", "1"), _env())
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
     for x, y in zip(a, b):
