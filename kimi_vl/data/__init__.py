@@ -9,7 +9,13 @@
 """
 
 from .corpus import stdlib_documents, tokenizer_texts
-from .embedded import embedded_pretrain_stream, embedded_sft_stream, option_drill_document, stdlib_document
+from .embedded import (
+    drill_option_range,
+    embedded_pretrain_stream,
+    embedded_sft_stream,
+    option_drill_document,
+    stdlib_document,
+)
 from .encode import (
     IGNORE_INDEX,
     MEDIA_KEYS,
@@ -42,8 +48,8 @@ from .world import (
 __all__ = [
     "ALL_TASKS", "IGNORE_INDEX", "MEDIA_KEYS", "TEXT_TASKS", "VIDEO_TASKS", "VISION_TASKS", "BatchDraws", "Document",
     "Media", "PackedBatch", "PackedStream", "Prompt", "Sample", "Screencast", "WarmupStream", "as_prompt",
-    "assistant_mask", "embedded_pretrain_stream", "embedded_sft_stream", "encode_chat", "encode_document",
-    "encode_prompt", "encode_sample", "encode_text", "left_pad", "make_sample", "make_samples", "make_screencast",
-    "mathvista_rows", "mmlu_pro_rows", "option_drill_document", "stdlib_document", "stdlib_documents",
-    "tokenizer_texts",
+    "assistant_mask", "drill_option_range", "embedded_pretrain_stream", "embedded_sft_stream", "encode_chat",
+    "encode_document", "encode_prompt", "encode_sample", "encode_text", "left_pad", "make_sample", "make_samples",
+    "make_screencast", "mathvista_rows", "mmlu_pro_rows", "option_drill_document", "stdlib_document",
+    "stdlib_documents", "tokenizer_texts",
 ]

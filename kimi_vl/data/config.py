@@ -68,6 +68,8 @@ class DataConfig:
         drill_batches: (embedded data) first batches whose text is the option-letter drill.
         drill_lookups: (embedded data) lookups per drill document.
         drill_min_options: (embedded data) fewest options of a drill question.
+        drill_ramp_batches: (embedded data) first drill batches whose questions have fewer options: 2-3, then 2-6
+            from half of them on (an easier start for the lookup; 0: drill_min_options to 10 from the start).
         drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks).
         drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
     """
@@ -103,6 +105,7 @@ class DataConfig:
     drill_batches: int = _for("pretrain", default=0)
     drill_lookups: int = _for("pretrain", default=5)
     drill_min_options: int = _for("pretrain", default=3)
+    drill_ramp_batches: int = _for("pretrain", default=0)
     drill_vision_tasks: dict[str, float] | None = _for("pretrain")
     drill_vision_ratio: float | None = _for("pretrain")
 
@@ -131,6 +134,7 @@ def _embedded_pretrain(cfg: DataConfig, processor: Any, seed: int, *, drill: boo
         chat_fraction=cfg.chat_fraction, code_fraction=cfg.code_fraction, text_chat_fraction=cfg.text_chat_fraction,
         text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, drill_batches=cfg.drill_batches if drill else 0,
         drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options,
+        drill_ramp_batches=cfg.drill_ramp_batches,
         drill_vision_tasks=cfg.drill_vision_tasks, drill_vision_ratio=cfg.drill_vision_ratio)
 
 

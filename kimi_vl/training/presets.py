@@ -63,17 +63,19 @@ PRESETS: dict[str, Preset] = {
         # option's letter), half of them as chats (loss on the answer only); the image tasks the MathVista proxy
         # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
         # more of them per batch. The first 450 batches' text is the option-letter drill (see
-        # `embedded_pretrain_stream`). One-colour images (`swatch`: every image token carries the answer) teach the
-        # language model to read image tokens within tens of steps, where shapes among background tokens alone take
-        # hundreds; learned early, the reading carries over to shapes. In the drill they are a small share (weight
-        # 1: at weight 3 their documents crowd out the drill and the letter skill is not learned), after it a
-        # larger one. Learned only after the drill, swatches are read but shapes' colours are not (docs/RESULTS.md).
+        # `embedded_pretrain_stream`); its first 300 batches ask about 2-3 options, then 2-6 (with 3-10 from the
+        # start the lookup was learned on two seeds of four, with the ramp on every seed tried). One-colour images
+        # (`swatch`: every image token carries the answer) teach the language model to read image tokens within
+        # tens of steps, where shapes among background tokens alone take hundreds; learned early, the reading
+        # carries over to shapes. In the drill they are a small share (weight 1: at weight 3 their documents crowd
+        # out the drill and the letter skill is not learned), after it a larger one. Learned only after the drill,
+        # swatches are read but shapes' colours are not (docs/RESULTS.md).
         data={
             "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
                                    vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 3},
-                                   drill_batches=450, drill_lookups=10,
+                                   drill_batches=450, drill_lookups=10, drill_ramp_batches=300,
                                    drill_vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 1}),
             # 512-token rows: a page conversation (about 265 tokens) is placed whole, its closing tags in context
             "sft": DataConfig(seq_len=512, rows=2),

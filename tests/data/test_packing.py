@@ -12,6 +12,7 @@ import torch
 from kimi_vl.data import (
     Document,
     PackedStream,
+    drill_option_range,
     encode_chat,
     encode_sample,
     encode_text,
@@ -327,6 +328,31 @@ def test_option_drill_document_labels_only_the_letters(proc):
         found = re.findall(r"The option (.+?) is \(([A-J])\)\.", text)
         assert len(options) == 10 and len(found) == 4 and all(options[letter] == v for v, letter in found)
         assert loss_text(proc, doc) == "".join(letter for _, letter in found)
+
+
+def test_drill_option_range_starts_easy():
+    assert [drill_option_range(i, 200, 3) for i in (0, 99, 100, 199, 200, 449)] == [
+        (2, 3), (2, 3), (2, 6), (2, 6), (3, 10), (3, 10)]
+    assert drill_option_range(0, 0, 3) == (3, 10)  # no ramp: all options from the start
+
+
+def test_drill_ramp_grows_the_option_lists(proc):
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=4, drill_batches=10, drill_ramp_batches=4,
+                        drill_lookups=3, vision_ratio=0.1)
+    tok = proc.tokenizer
+
+    def option_counts(i):
+        text = tok.decode(s.batch(i).input_ids[0].tolist())
+        return [len(re.findall(r"\n[A-J]\. ", block)) for block in text.split("Options:")[1:]]
+
+    counts = {i: option_counts(i) for i in range(10)}
+    assert all(counts[i] and all(2 <= c <= 3 for c in counts[i]) for i in (0, 1)), counts
+    assert all(counts[i] and all(2 <= c <= 6 for c in counts[i]) for i in (2, 3)), counts
+    assert max(counts[2] + counts[3]) > 3 and max(c for i in range(4, 10) for c in counts[i]) > 6, counts
+    with pytest.raises(ConfigError, match="drill_ramp_batches"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, drill_batches=2, drill_ramp_batches=-1)
+    with pytest.raises(ConfigError, match="min_options <= max_options"):
+        option_drill_document(random.Random(0), proc, 3, 6, 4)
 
 
 def test_warmup_stream_drills_then_mixes(proc):
