@@ -179,6 +179,30 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_d
     assert len(generated) == 4
 
 
+def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir, kimi_dir, monkeypatch):
+    """The same question about another image (another proxy seed, an updated data file) is generated anew."""
+    generated = []
+    original = Engine.generate
+
+    def counting(self, requests, **kwargs):
+        generated.extend(requests)
+        return original(self, requests, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", counting)
+    data = tmp_path / "data"
+    shutil.copytree(data_dir, data)
+    out, config = tmp_path / "out", EvalConfig(data_dir=data, max_new_tokens=2, progress=False)
+    runner.evaluate(kimi_dir, "mathvista", out, config)
+    assert len(generated) == len(MATHVISTA_PIDS)
+    generated.clear()
+    runner.evaluate(kimi_dir, "mathvista", out, config)
+    assert generated == []
+    changed = data / "mathvista" / "images" / f"{MATHVISTA_PIDS[0]}.jpg"
+    Image.new("RGB", Image.open(changed).size, (250, 10, 10)).save(changed)
+    runner.evaluate(kimi_dir, "mathvista", out, config)
+    assert len(generated) == 1 and generated[0].image.getpixel((0, 0))[0] > 200
+
+
 def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
     parser = argparse.ArgumentParser()
     runner.add_eval_arguments(parser)
