@@ -53,6 +53,8 @@ def proxy_figures(ev: dict) -> dict[str, float]:
                 out[f"{name}/chance"] = 100 * entry["chance"]
                 for part, c in entry.get("categories", {}).items():
                     out[f"{name}/rl/{part}"] = 100 * c["accuracy"]
+                    if "constant" in c:  # the part's own constant answer (MathVista's two categories)
+                        out[f"{name}/rl/{part}/constant"] = 100 * c["constant"]
     return out
 
 

@@ -170,6 +170,13 @@ def _cell(entry: dict[str, Any]) -> str:
     return f"{100 * entry['accuracy']:.1f}% ({entry['correct']}/{entry['total']})"
 
 
+def _baseline(entry: dict[str, Any], key: str) -> str:
+    """A part's chance or constant answer (with what the constant answer is), "-" where the report predates them."""
+    if key not in entry:
+        return "-"
+    return f"{100 * entry[key]:.1f}%" + (f" ({entry['constant_answer']})" if key == "constant" else "")
+
+
 def evaluation_section(ev: dict[str, Any]) -> list[str]:
     """REPORT.md's evaluation: each benchmark against chance and the best constant answer at every stage, the fresh
     draw, MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision
@@ -187,10 +194,13 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
     if vision is not None:
         parts = [p for p in MATHVISTA_PARTS if p in ev["rl"][vision]["categories"]]
         lines += ["", f"{vision} by part (category: general-vqa = counting, math-targeted-vqa = values read off "
-                  "charts and diagrams):", "", "| part | " + " | ".join(heads[n] for n in stages) + " |",
-                  "|---|" + "---|" * len(stages)]
+                  "charts and diagrams), each beside its own chance and best constant answer:", "",
+                  "| part | chance | constant answer | " + " | ".join(heads[n] for n in stages) + " |",
+                  "|---|---|---|" + "---|" * len(stages)]
         for part in parts:
-            lines.append(f"| {part} | " + " | ".join(_cell(ev[n][vision]["categories"][part]) for n in stages) + " |")
+            base = ev["rl"][vision]["categories"][part]
+            lines.append(f"| {part} | {_baseline(base, 'chance')} | {_baseline(base, 'constant')} | "
+                         + " | ".join(_cell(ev[n][vision]["categories"][part]) for n in stages) + " |")
         if "pretrain" in ev:
             before, after = ev["pretrain"][vision]["accuracy"], ev["sft"][vision]["accuracy"]
             lines += ["", f"Zero-vision SFT (no image in any SFT sample) moves {vision} from {100 * before:.1f}% to "

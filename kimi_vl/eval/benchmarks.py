@@ -206,6 +206,9 @@ class MathVista(Benchmark):
                 label = names.get(value, value)
                 categories[label] = {"accuracy": s["correct"] / s["total"], "correct": s["correct"],
                                      "total": s["total"]}
+                if key == "category":  # each part beside its own chance and constant answer
+                    part = {it.id: it.row for it in prompts.items if (it.row.get("metadata") or {}).get(key) == value}
+                    categories[label].update(mv.baselines(part))
         extractor = _extractor_description(config.mathvista_extractor, engine)
         deviations = []
         if config.mathvista_extractor == "heuristic":

@@ -50,7 +50,9 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
         e = {"proxy": True, "accuracy": c / 100, "correct": c, "total": 100, "chance": 0.05, "constant": 0.13,
              "constant_answer": "(D) on multiple choice, 3 on free form", "categories": {}}
         if parts:
-            e["categories"] = {"general-vqa": {"accuracy": c / 40, "correct": c // 4, "total": 40},
+            e["categories"] = {"general-vqa": {"accuracy": c / 40, "correct": c // 4, "total": 40, "chance": 0.1,
+                                               "constant": 0.3, "constant_answer": "(B) on multiple choice, 5 on "
+                                               "free form"},
                                "math-targeted-vqa": {"accuracy": c / 60, "correct": c // 6, "total": 60}}
         return e
 
@@ -62,7 +64,8 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert ("| benchmark | chance | constant answer | after pre-training | after SFT | after RL | after RL, fresh draw |"
             in report)
     assert "| mathvista_synth | 5.0% | 13.0% ((D) on multiple choice, 3 on free form) | 20.0% (20/100) |" in report
-    assert "| general-vqa | 50.0% (5/40) |" in report and "| math-targeted-vqa |" in report
+    assert ("| general-vqa | 10.0% | 30.0% ((B) on multiple choice, 5 on free form) | 50.0% (5/40) |" in report
+            and "| math-targeted-vqa | - | - | 33.3% (3/60) |" in report)
     assert "moves mathvista_synth from 20.0% to 21.0% (+1.0 points)" in report
     assert "After RL, mathvista_synth is +9.0 points from its best constant answer." in report
     assert "official answer extraction" in report and "held out from every training draw" in report
@@ -82,7 +85,7 @@ def test_seed_figures_take_the_pinned_items_baselines(monkeypatch):
 
     def entry(acc, chance, constant):
         return {"accuracy": acc, "chance": chance, "constant": constant,
-                "categories": {"general-vqa": {"accuracy": acc / 2}}}
+                "categories": {"general-vqa": {"accuracy": acc / 2, "constant": constant / 3}}}
 
     ev = {stage: {"mathvista_synth": entry(0.1 * i, 0.08, 0.15)} for i, stage in enumerate(("pretrain", "sft", "rl"))}
     ev["fresh"] = {"mathvista_synth": entry(0.3, 0.05, 0.12)}
@@ -90,10 +93,11 @@ def test_seed_figures_take_the_pinned_items_baselines(monkeypatch):
     assert f["mathvista_synth/constant"] == pytest.approx(15) and f["mathvista_synth/chance"] == pytest.approx(8)
     assert f["mathvista_synth/fresh"] == pytest.approx(30) and f["mathvista_synth/rl"] == pytest.approx(20)
     assert f["mathvista_synth/rl/general-vqa"] == pytest.approx(10) and "mathvista_synth/fresh/general-vqa" not in f
+    assert f["mathvista_synth/rl/general-vqa/constant"] == pytest.approx(5)
 
 @pytest.mark.slow
 def test_default_quickstart_meets_its_goals(tmp_path, monkeypatch):
-    """The default quickstart end to end (about 15 minutes on 2 cores; `KIMI_VL_QUICKSTART_OUT=DIR` checks a finished
+    """The default quickstart end to end (about 20 minutes on 2 cores; `KIMI_VL_QUICKSTART_OUT=DIR` checks a finished
     run instead) meets issue 18's goals (`bench/quickstart_seeds.GOALS`, on this one run). The 10-screencast
     video-to-website goal is `bench/video2web.py --n 10`; here the demo's one screencast."""
     import importlib

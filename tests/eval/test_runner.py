@@ -111,6 +111,12 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
             label = mv.TASK_ABBREVIATIONS.get(value, value)
             assert mathvista["categories"][label]["total"] == s["total"]
     assert any(label.endswith("vqa") for label in mathvista["categories"])
+    # each MathVista category beside its own baselines: the three rows are math-targeted-vqa multiple choice with 4, 4
+    # and 5 options, right at A, A and B
+    part = mathvista["categories"]["math-targeted-vqa"]
+    assert part["chance"] == pytest.approx((1 / 4 + 1 / 4 + 1 / 5) / 3) and part["constant"] == pytest.approx(2 / 3)
+    assert part["constant_answer"] == "(A) on multiple choice"
+    assert not any("constant" in mathvista["categories"][mv.TASK_ABBREVIATIONS.get(t, t)] for t in scores["task"])
     assert any("query text only" in d for d in mathvista["deviations"])
     assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
     outputs = json.loads((out / "results.mathvista.json").read_text())
