@@ -200,15 +200,17 @@ class MathVista(Benchmark):
         scores = mv.compute_scores(outputs)
         write_json(run.out_dir / f"results.{self.name}.json", outputs)
         write_json(run.out_dir / f"scores.{self.name}.json", scores)
+        by_category: dict[Any, dict[str, Any]] = {}  # MathVista's parts, each scored beside its own baselines
+        for it in prompts.items:
+            by_category.setdefault((it.row.get("metadata") or {}).get("category"), {})[it.id] = it.row
         categories = {}
         for key, names in (("category", {}), ("task", mv.TASK_ABBREVIATIONS), ("skills", mv.SKILL_ABBREVIATIONS)):
             for value, s in scores.get(key, {}).items():
                 label = names.get(value, value)
                 categories[label] = {"accuracy": s["correct"] / s["total"], "correct": s["correct"],
                                      "total": s["total"]}
-                if key == "category":  # each part beside its own chance and constant answer
-                    part = {it.id: it.row for it in prompts.items if (it.row.get("metadata") or {}).get(key) == value}
-                    categories[label].update(mv.baselines(part))
+                if key == "category":
+                    categories[label].update(mv.baselines(by_category[value]))
         extractor = _extractor_description(config.mathvista_extractor, engine)
         deviations = []
         if config.mathvista_extractor == "heuristic":
