@@ -93,7 +93,7 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
 
     import numpy as np
 
-    from .data.screencast import write_video
+    from .data.screencast import screencast_font, write_video
     from .data.world import make_sample
     from .demos.render import BrowserNotFoundError, find_chromium
     from .demos.video2web import blank_page_score, render_and_score, run_video2web
@@ -116,8 +116,9 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     blank = blank_page_score(frames)
     true = render_and_score(demo / "target.html", frames, demo / "true")[3]["score"] if render else None
     summary = {"video": str(video), "site": str(result.site), "stop": result.stop, "new_tokens": result.new_tokens,
-               "rendered": render, "score": (result.score or {}).get("score"), "blank_page_score": blank,
-               "true_page_score": true, "compare": str(result.compare) if result.compare else None}
+               "font": screencast_font(), "rendered": render, "score": (result.score or {}).get("score"),
+               "blank_page_score": blank, "true_page_score": true,
+               "compare": str(result.compare) if result.compare else None}
     marker.write_text(json.dumps(summary, indent=1))
     return summary
 
@@ -263,7 +264,9 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
     if demo:
         lines += ["## Video to website", "",
                   f"Held-out screencast `demo/screencast.mp4` (target `demo/target.html`, output `demo/site.html`); "
-                  f"generation stopped by `{demo['stop']}` after {demo['new_tokens']} tokens."]
+                  f"generation stopped by `{demo['stop']}` after {demo['new_tokens']} tokens."
+                  + (f" Its frames, as every screencast of the embedded data, are drawn in {demo['font']}."
+                     if "font" in demo else "")]
         if demo["rendered"]:
             gap = gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
             lines += [f"Visual similarity to the video's frames: {demo['score']:.3f} (a blank white page: "

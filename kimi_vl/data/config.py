@@ -14,6 +14,7 @@ from ..errors import ConfigError
 from .embedded import embedded_pretrain_stream, embedded_sft_stream
 from .mixture import Mixture, PromptStream, mixture_stream
 from .pack import PackedStream, WarmupStream
+from .screencast import screencast_font
 from .sources import open_source
 
 ALL = ("pretrain", "sft", "rl")
@@ -174,7 +175,8 @@ def data_fingerprint(mixture: Mixture | None, seed: int) -> dict[str, Any]:
     """What a checkpoint records of its data: the users' sources (`Mixture.fingerprint`) or the embedded data."""
     if mixture is not None:
         return mixture.fingerprint()
-    return {"sources": [], "format": "auto", "reward": None, "seed": seed}
+    # the embedded screencasts' frames depend on the fonts installed (`screencast_font`)
+    return {"sources": [], "format": "auto", "reward": None, "seed": seed, "screencast_font": screencast_font()}
 
 
 def rl_prompts(cfg: DataConfig, seed: int) -> PromptStream | None:

@@ -293,6 +293,9 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     for key in ("format", "reward", "seed"):
         if old.get(key) != new.get(key):
             lines.append(f"{key}: {old.get(key)} -> {new.get(key)}")
+    if "screencast_font" in old and old["screencast_font"] != new.get("screencast_font"):  # older ones: unknown
+        lines.append(f"the embedded screencasts are drawn in {new.get('screencast_font')}, not "
+                     f"{old['screencast_font']} (see the fonts installed)")
     return lines
 
 

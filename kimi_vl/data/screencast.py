@@ -4,10 +4,10 @@ A page (`PageSpec`) is deliberately simple so that a ~2M-parameter model can lea
 with a white title, two light coloured sections (a bold heading and a few words each) and a button, all stacked
 vertically (taller than a 160 x 120 viewport for most pages). `page_html` writes it as compact HTML (360-390
 characters, ~140 tokens with the tiny preset's tokenizer; tags `html body div b button`; colours as CSS names;
-explicit pixel sizes in inline styles). `render_frame` draws, with
-Pillow only, approximately what Chromium renders for that HTML in a viewport of the same size: the same box layout to
-the pixel, text in Liberation Sans (what Chromium uses for `sans-serif` on Debian; DejaVu Sans or Pillow's built-in
-font when it is not installed), 13.33 px button labels as Chromium's buttons do not inherit the body font. Frames
+explicit pixel sizes in inline styles). `render_frame` draws, with Pillow only, approximately what Chromium renders
+for that HTML in a viewport of the same size: the same box layout to the pixel, text in Liberation Sans (what
+Chromium uses for `sans-serif` on Debian; DejaVu Sans or Pillow's built-in font, with a warning, when it is not
+installed: `screencast_font`), 13.33 px button labels as Chromium's buttons do not inherit the body font. Frames
 can be scrolled and have one element hovered (darkened, with a mouse cursor on it). `make_screencast` turns a random
 page into frames that show the top of the page, scroll down to the bottom, then hover the button; `write_video`
 stores frames as an mp4 decord can read. On 160x120 viewports the mean absolute difference between `render_frame`
@@ -25,6 +25,7 @@ This module imports nothing from the rest of `kimi_vl.data`.
 from __future__ import annotations
 
 import random
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -48,6 +49,7 @@ __all__ = [
     "page_html",
     "random_page",
     "render_frame",
+    "screencast_font",
     "write_video",
 ]
 
@@ -223,20 +225,39 @@ def page_height(spec: PageSpec, width: int = 160) -> int:
 
 _FONT_DIRS = ("/usr/share/fonts/truetype/liberation", "/usr/share/fonts/liberation", "/usr/share/fonts/TTF",
               "/usr/share/fonts/truetype/dejavu", "/usr/share/fonts/dejavu")
+_FONT_FILES = {"Liberation Sans": ("LiberationSans-Regular.ttf", "LiberationSans-Bold.ttf"),
+               "DejaVu Sans": ("DejaVuSans.ttf", "DejaVuSans-Bold.ttf")}
+BUILTIN_FONT = "Pillow's built-in font"
+
+
+@lru_cache(maxsize=1)
+def _font_files() -> tuple[str, Path | None, Path | None]:
+    """`(family, regular file, bold file)`: Liberation Sans (what Chromium uses for `sans-serif` on Debian: Arial's
+    metric twin), else DejaVu Sans, else Pillow's built-in font (no files). Warns once when it is not Liberation
+    Sans: the frames, and with them the embedded pre-training data, then differ from a machine that has it."""
+    family, regular, bold = BUILTIN_FONT, None, None
+    for name, files in _FONT_FILES.items():
+        paths = [next((Path(d) / f for d in _FONT_DIRS if (Path(d) / f).is_file()), None) for f in files]
+        if all(paths):
+            family, (regular, bold) = name, paths
+            break
+    if family != "Liberation Sans":
+        warnings.warn(f"Liberation Sans is not installed: screencast frames are drawn in {family}, so they (and the "
+                      "embedded pre-training data, the demo and the figures in README) differ from those of a machine "
+                      "that has it. Install it (Debian/Ubuntu: apt-get install fonts-liberation) for the published "
+                      "data.", stacklevel=2)
+    return family, regular, bold
+
+
+def screencast_font() -> str:
+    """The font family screencast frames are drawn in on this machine (recorded in the embedded data's fingerprint)."""
+    return _font_files()[0]
 
 
 @lru_cache(maxsize=8)
 def _font(bold: bool, size: float = FONT_SIZE) -> ImageFont.ImageFont | ImageFont.FreeTypeFont:
-    """Liberation Sans (what Chromium uses for `sans-serif` on Debian: Arial's metric twin), else DejaVu Sans, else
-    Pillow's built-in font."""
-    names = ("LiberationSans-Bold.ttf", "DejaVuSans-Bold.ttf") if bold else ("LiberationSans-Regular.ttf",
-                                                                               "DejaVuSans.ttf")
-    for name in names:
-        for folder in _FONT_DIRS:
-            path = Path(folder) / name
-            if path.is_file():
-                return ImageFont.truetype(str(path), size)
-    return ImageFont.load_default(size)
+    path = _font_files()[2 if bold else 1]
+    return ImageFont.load_default(size) if path is None else ImageFont.truetype(str(path), size)
 
 
 def _shade(rgb: tuple[int, int, int], factor: float = 0.8) -> tuple[int, int, int]:

@@ -2,6 +2,7 @@
 
 import random
 from html.parser import HTMLParser
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -105,3 +106,49 @@ def test_write_video_round_trip(tmp_path):
         write_video([np.zeros((11, 16, 3), np.uint8)], tmp_path / "odd.mp4", 4.0)
     with pytest.raises(ConfigError):
         write_video([], tmp_path / "none.mp4", 4.0)
+
+
+
+@pytest.fixture
+def fonts(monkeypatch):
+    """`use(folders)`: the font folders `screencast` searches, its caches cleared (and cleared again afterwards)."""
+    from kimi_vl.data import screencast
+
+    def clear():
+        screencast._font_files.cache_clear()
+        screencast._font.cache_clear()
+
+    def use(folders):
+        monkeypatch.setattr(screencast, "_FONT_DIRS", tuple(map(str, folders)))
+        clear()
+
+    yield use
+    clear()
+
+
+def test_frames_fall_back_to_another_font_with_a_warning(fonts):
+    """Without Liberation Sans the frames are drawn in DejaVu Sans, else Pillow's font, and the change is announced
+    (the embedded pre-training data depends on it); the data fingerprint records the family, so a resume notices."""
+    import matplotlib
+
+    from kimi_vl.data.config import data_fingerprint
+    from kimi_vl.data.mixture import fingerprint_changes
+    from kimi_vl.data.screencast import BUILTIN_FONT, screencast_font
+
+    spec = random_page(random.Random(3))
+    here = screencast_font()
+    drawn = np.asarray(render_frame(spec, 160, 120))
+    recorded = data_fingerprint(None, 0)
+    assert recorded["screencast_font"] == here
+    dejavu = Path(matplotlib.get_data_path()) / "fonts" / "ttf"  # matplotlib ships DejaVu Sans
+    for folders, family in (([dejavu], "DejaVu Sans"), ([], BUILTIN_FONT)):
+        fonts(folders)
+        with pytest.warns(UserWarning, match=f"not installed: screencast frames are drawn in {family}.*fonts-liberation"):
+            assert screencast_font() == family
+        other = np.asarray(render_frame(spec, 160, 120))
+        assert other.shape == drawn.shape and (family == here or not np.array_equal(other, drawn))
+        assert fingerprint_changes(recorded, data_fingerprint(None, 0)) == (
+            [] if family == here else [f"the embedded screencasts are drawn in {family}, not {here} (see the fonts "
+                                       "installed)"])
+        older = {k: v for k, v in recorded.items() if k != "screencast_font"}  # checkpoints that predate the field
+        assert fingerprint_changes(older, data_fingerprint(None, 0)) == []
