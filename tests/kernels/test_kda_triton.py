@@ -253,8 +253,14 @@ def case_tiny_model(device):
 # ---------------------------------------------------------------------------------------------- tests
 
 
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("T", [1, 64, 100, 130])
+# Every length (one token, one whole chunk, a partial chunk, more than two chunks) with each head size twice in the
+# default suite; the other four combinations, which the interpreter takes minutes over, are `slow`.
+_COVERING = {(1, 16), (64, 32), (100, 16), (130, 32)}
+SHAPES = [pytest.param(T, D, marks=() if (T, D) in _COVERING else pytest.mark.slow)
+          for T in (1, 64, 100, 130) for D in (16, 32)]
+
+
+@pytest.mark.parametrize(("T", "D"), SHAPES)
 def test_recurrent_matches_torch(T, D):
     _run_case("case_recurrent", T=T, D=D, use_h0=T != 64, l2=T != 100)
 
@@ -263,8 +269,7 @@ def test_recurrent_varlen_matches_torch():
     _run_case("case_recurrent", T=130, D=16, use_h0=True, l2=True, varlen=True)
 
 
-@pytest.mark.parametrize("D", [16, 32])
-@pytest.mark.parametrize("T", [1, 64, 100, 130])
+@pytest.mark.parametrize(("T", "D"), SHAPES)
 def test_chunk_matches_torch_with_grads(T, D):
     _run_case("case_chunk", T=T, D=D, use_h0=T != 64, l2=T != 100)
 

@@ -228,7 +228,7 @@ def test_hidden_states_and_gradient_checkpointing():
     out.loss.backward()
     ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     model.zero_grad()
-    model.gradient_checkpointing_enable()
+    model.activation_checkpointing_enable()
     assert model.model.gradient_checkpointing
     model(ids, labels=ids).loss.backward()
     for n, p in model.named_parameters():
