@@ -25,8 +25,9 @@ from .runner import evaluate
 ARMS = {"text": ("text",), "text+vision": ("text", "vision")}
 ABLATION_SEEDS = 24
 """Default seeds: on the tiny quickstart's SFT checkpoints the per-seed MathVista-proxy delta has a standard deviation
-of 2.5 to 4.6 points, so 24 seeds give a 95% half-width within 2 points (1.97 on the second machine's 2026-11-25
-checkpoint, where 16 gave 2.11 and 20 gave 2.04; docs/RESULTS.md)."""
+of 2.5 to 4.6 points, so 24 seeds give a 95% half-width within 2 points (1.97 on the 1e-3 SFT checkpoint of
+2026-11-25, where 16 gave 2.11 and 20 gave 2.04; 1.5 on the 5e-4 one, whose text delta is 2.5 wide: RL damages the
+text skill on about one run in ten there; docs/RESULTS.md)."""
 
 # Two-sided 95% Student t quantiles by degrees of freedom (df > 30: normal approximation).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
