@@ -108,7 +108,6 @@ def test_write_video_round_trip(tmp_path):
         write_video([], tmp_path / "none.mp4", 4.0)
 
 
-
 @pytest.fixture
 def fonts(monkeypatch):
     """`use(folders)`: the font folders `screencast` searches, its caches cleared (and cleared again afterwards)."""
