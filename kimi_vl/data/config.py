@@ -171,12 +171,14 @@ def sft_data(cfg: DataConfig, processor: Any, seed: int) -> tuple[Any, Any, Mixt
     return train, val, mixture
 
 
-def data_fingerprint(mixture: Mixture | None, seed: int) -> dict[str, Any]:
-    """What a checkpoint records of its data: the users' sources (`Mixture.fingerprint`) or the embedded data."""
+def data_fingerprint(mixture: Mixture | None, seed: int, *, screencasts: bool = False) -> dict[str, Any]:
+    """What a checkpoint records of its data: the users' sources (`Mixture.fingerprint`) or the embedded data.
+    `screencasts`: the embedded data holds screencasts (pre-training), whose frames depend on the fonts installed,
+    so the font is recorded too (`screencast_font`)."""
     if mixture is not None:
         return mixture.fingerprint()
-    # the embedded screencasts' frames depend on the fonts installed (`screencast_font`)
-    return {"sources": [], "format": "auto", "reward": None, "seed": seed, "screencast_font": screencast_font()}
+    return {"sources": [], "format": "auto", "reward": None, "seed": seed,
+            **({"screencast_font": screencast_font()} if screencasts else {})}
 
 
 def rl_prompts(cfg: DataConfig, seed: int) -> PromptStream | None:

@@ -137,7 +137,8 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
     data, val, mixture = build(cfg.data, processor, cfg.seed)
     baseline = unigram_entropy(getattr(data, "main", data))  # a warm-up phase is not the data's steady state
     trainer = Trainer(model, data, cfg.train, out_dir, val_data=val, desc=cfg.stage,
-                      fingerprint=data_fingerprint(mixture, cfg.seed), allow_data_change=cfg.data.allow_data_change,
+                      fingerprint=data_fingerprint(mixture, cfg.seed, screencasts=cfg.stage == "pretrain"),
+                      allow_data_change=cfg.data.allow_data_change,
                       num_workers=cfg.data.num_workers)
     if trainer.accelerator.is_main_process:
         write_run_config(cfg, out_dir)

@@ -137,8 +137,9 @@ def test_frames_fall_back_to_another_font_with_a_warning(fonts):
     spec = random_page(random.Random(3))
     here = screencast_font()
     drawn = np.asarray(render_frame(spec, 160, 120))
-    recorded = data_fingerprint(None, 0)
+    recorded = data_fingerprint(None, 0, screencasts=True)
     assert recorded["screencast_font"] == here
+    assert "screencast_font" not in data_fingerprint(None, 0)  # SFT and RL data hold no screencast
     dejavu = Path(matplotlib.get_data_path()) / "fonts" / "ttf"  # matplotlib ships DejaVu Sans
     for folders, family in (([dejavu], "DejaVu Sans"), ([], BUILTIN_FONT)):
         fonts(folders)
@@ -146,8 +147,8 @@ def test_frames_fall_back_to_another_font_with_a_warning(fonts):
             assert screencast_font() == family
         other = np.asarray(render_frame(spec, 160, 120))
         assert other.shape == drawn.shape and (family == here or not np.array_equal(other, drawn))
-        assert fingerprint_changes(recorded, data_fingerprint(None, 0)) == (
+        assert fingerprint_changes(recorded, data_fingerprint(None, 0, screencasts=True)) == (
             [] if family == here else [f"the embedded screencasts are drawn in {family}, not {here} (see the fonts "
                                        "installed)"])
         older = {k: v for k, v in recorded.items() if k != "screencast_font"}  # checkpoints that predate the field
-        assert fingerprint_changes(older, data_fingerprint(None, 0)) == []
+        assert fingerprint_changes(older, data_fingerprint(None, 0, screencasts=True)) == []
