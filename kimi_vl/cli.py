@@ -204,9 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     vrl.add_argument("--from", dest="from_dir", required=True, help="SFT checkpoint directory")
     vrl.add_argument("--out", required=True)
     vrl.add_argument("--seeds", type=int, default=ABLATION_SEEDS,
-                     help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoints "
-                     "the MathVista delta's 95%% half-width is within 2 points, the text delta's within 2.5; about 14 "
-                     "min on 2 fast CPU cores, longer on slower ones)")
+                     help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint "
+                     "both deltas' 95%% half-widths are within 2 points (1.3 and 1.1); about 15 min on 2 fast CPU "
+                     "cores, longer on slower ones)")
     vrl.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's)")
     vrl.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     vrl.add_argument("--limit", type=int, default=None, help="at most N items per benchmark")
