@@ -64,6 +64,10 @@ def figures(run: Path) -> dict[str, float]:
     demo = json.loads((run / "demo" / "done.json").read_text())
     if demo.get("true_page_score") is not None:
         out["video2web/gap"] = 100 * gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
+        if demo.get("fixed_page_scores"):  # the constant-answer baseline (runs before it was added have none)
+            fixed = statistics.fmean(demo["fixed_page_scores"])
+            out["video2web/fixed_pages_gap"] = 100 * gap_closed(fixed, demo["blank_page_score"],
+                                                                demo["true_page_score"])
     model = AutoModelForImageTextToText.from_pretrained(run / "model").eval()
     out["skills/colour"] = 100 * colour_accuracy(model, AutoProcessor.from_pretrained(run / "model"), split="eval")
     out["wall_time_min"] = sum(json.loads((run / "stage_times.json").read_text()).values()) / 60

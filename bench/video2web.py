@@ -2,8 +2,11 @@
 
 For each of `--n` screencasts (seeds disjoint from every training seed) the demo generates `site.html` from the
 video, renders it in headless Chromium and scores it against the frames (`kimi_vl.demos.similarity`). Anchors on the
-same frames: a blank white page (the floor) and the screencast's true HTML rendered the same way (the ceiling).
-Prints the mean scores and the model's margin over the blank page. `--split val` draws the screencasts from the
+same frames: a blank white page (the floor), the screencast's true HTML rendered the same way (the ceiling), and
+the constant-answer baseline: `FIXED_PAGES` fixed pages (true pages of training screencasts, the same for every
+video; `kimi_vl.demos.video2web.fixed_page_scores`), their mean and the best of them. Prints the mean scores, the
+share of the blank-to-true gap each closes, and on how many screencasts the model is ahead of the blank page and
+of the fixed pages' mean. `--split val` draws the screencasts from the
 world's validation split instead of the held-out eval split: for choosing settings without looking at the reported
 figure.
 
@@ -23,7 +26,14 @@ import numpy as np
 from kimi_vl.data.screencast import write_video
 from kimi_vl.data.world import make_sample
 from kimi_vl.demos.similarity import gap_closed
-from kimi_vl.demos.video2web import blank_page_score, load_model, render_and_score, run_video2web
+from kimi_vl.demos.video2web import (
+    FIXED_PAGES,
+    blank_page_score,
+    fixed_page_scores,
+    load_model,
+    render_and_score,
+    run_video2web,
+)
 from kimi_vl.quickstart import DEMO_SEED
 
 
@@ -34,7 +44,7 @@ def main() -> None:
     ap.add_argument("--split", choices=("eval", "val"), default="eval", help="the world's split of the screencasts")
     args = ap.parse_args()
     model, processor = load_model(args.model)
-    model_scores, blank_scores, true_scores = [], [], []
+    model_scores, blank_scores, true_scores, fixed_scores = [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.n):
             work = Path(tmp) / str(i)
@@ -50,14 +60,22 @@ def main() -> None:
             model_scores.append(result.score["score"])
             blank_scores.append(blank)
             true_scores.append(true_score)
+            fixed_scores.append(fixed_page_scores(frames, work))
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
+                  f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)
     m, b, t = (statistics.fmean(x) for x in (model_scores, blank_scores, true_scores))
+    per_page = [statistics.fmean(s[j] for s in fixed_scores) for j in range(FIXED_PAGES)]
+    f_mean, f_best = statistics.fmean(per_page), max(per_page)
     wins = sum(a > c for a, c in zip(model_scores, blank_scores))
+    wins_fixed = sum(a > statistics.fmean(s) for a, s in zip(model_scores, fixed_scores))
     print(f"mean similarity over {args.n} {args.split} screencasts: model {m:.3f}, blank white page {b:.3f}, "
           f"true HTML {t:.3f}; model - blank = {m - b:+.3f} (model ahead on {wins}/{args.n}); "
           f"fraction of the blank-to-true gap closed: {gap_closed(m, b, t):.2f}")
-
+    print(f"constant-answer baseline, {FIXED_PAGES} fixed pages (true pages of training screencasts): mean "
+          f"{f_mean:.3f} (gap closed {gap_closed(f_mean, b, t):.2f}), best page {f_best:.3f} (gap closed "
+          f"{gap_closed(f_best, b, t):.2f}); model - fixed pages' mean = {m - f_mean:+.3f} (model ahead on "
+          f"{wins_fixed}/{args.n})")
 
 if __name__ == "__main__":
     main()

@@ -87,8 +87,9 @@ def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress
 
 
 def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
-    """video2web on a held-out screencast; scored against the frames when Chromium is available, with a blank white
-    page's score on the same frames as the baseline."""
+    """video2web on a held-out screencast; scored against the frames when Chromium is available, beside a blank white
+    page (the floor), fixed pages of the right kind (the constant answer: `fixed_page_scores`) and the true page on the
+    same frames."""
     import random
 
     import numpy as np
@@ -96,7 +97,7 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     from .data.screencast import screencast_font, write_video
     from .data.world import make_sample
     from .demos.render import BrowserNotFoundError, find_chromium
-    from .demos.video2web import blank_page_score, render_and_score, run_video2web
+    from .demos.video2web import blank_page_score, fixed_page_scores, render_and_score, run_video2web
 
     marker = out / "demo" / "done.json"
     if (done := _done(marker)) is not None:
@@ -115,9 +116,10 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     frames = np.stack([np.asarray(f) for f in cast.frames])
     blank = blank_page_score(frames)
     true = render_and_score(demo / "target.html", frames, demo / "true")[3]["score"] if render else None
+    fixed = fixed_page_scores(frames, demo / "fixed") if render else None
     summary = {"video": str(video), "site": str(result.site), "stop": result.stop, "new_tokens": result.new_tokens,
                "font": screencast_font(), "rendered": render, "score": (result.score or {}).get("score"),
-               "blank_page_score": blank, "true_page_score": true,
+               "blank_page_score": blank, "true_page_score": true, "fixed_page_scores": fixed,
                "compare": str(result.compare) if result.compare else None}
     marker.write_text(json.dumps(summary, indent=1))
     return summary
@@ -271,8 +273,15 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
             gap = gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
             lines += [f"Visual similarity to the video's frames: {demo['score']:.3f} (a blank white page: "
                       f"{demo['blank_page_score']:.3f}, the true page: {demo['true_page_score']:.3f}): the page "
-                      f"closes {100 * gap:.0f}% of the gap from blank to true.", "",
-                      _img(out / "demo/compare.png", out, "frame | render")]
+                      f"closes {100 * gap:.0f}% of the gap from blank to true."]
+            if demo.get("fixed_page_scores"):  # absent in runs before the baseline was added
+                fixed = sum(demo["fixed_page_scores"]) / len(demo["fixed_page_scores"])
+                fixed_gap = gap_closed(fixed, demo["blank_page_score"], demo["true_page_score"])
+                lines[-1] += (f" The constant-answer baseline, {len(demo['fixed_page_scores'])} fixed pages (true "
+                              f"pages of training screencasts, the same whatever the video), scores {fixed:.3f} on the "
+                              f"mean and closes {100 * fixed_gap:.0f}%: the page has read the video only as far as it "
+                              f"scores above them.")
+            lines += ["", _img(out / "demo/compare.png", out, "frame | render")]
         else:
             lines += ["Chromium is not installed, so the page was not rendered (`apt-get install chromium`)."]
         lines.append("")

@@ -38,7 +38,7 @@ from PIL import Image
 from transformers import StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
-from ..data.world import SCREENCAST_QUESTION
+from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
 from ..vision.media import VideoFrames, load_video
@@ -46,9 +46,12 @@ from .html_repair import repair_html
 
 __all__ = [
     "DEFAULT_MAX_VIDEO_TOKENS",
+    "FIXED_PAGES",
     "Video2WebResult",
     "add_video2web_parser",
     "build_prompt",
+    "fixed_page_scores",
+    "fixed_pages",
     "generate_html",
     "load_model",
     "read_video",
@@ -257,6 +260,31 @@ def blank_page_score(frames: np.ndarray) -> float:
 
     _, h, w, _ = frames.shape
     return page_similarity(list(frames), Image.new("RGB", (w, _page_height(h)), "white")).score
+
+
+FIXED_PAGES = 5
+"""How many fixed pages `fixed_page_scores` scores by default."""
+
+
+def fixed_pages(n: int = FIXED_PAGES) -> list[str]:
+    """The true HTML of `n` screencasts of the world's train split (fixed: the same pages on every call): pages of
+    the kind the demo writes that do not depend on any video."""
+    return [make_sample("screencast", sample_rng(0, j, "fixed-page")).video.html for j in range(n)]
+
+
+def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PAGES) -> list[float]:
+    """Similarity of each of the `fixed_pages(n)` to the frames `[T, H, W, 3]`, rendered and scored as
+    `render_and_score` does (files under `out_dir/fixed<j>/`): the demo's constant-answer baseline. A page of the
+    right kind scores well above a blank page whatever the video shows, so a generated page has read the video only
+    as far as it scores above these. Raises what `render_and_score` raises."""
+    out = Path(out_dir)
+    scores = []
+    for j, html in enumerate(fixed_pages(n)):
+        page = out / f"fixed{j}" / "page.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(html)
+        scores.append(render_and_score(page, frames, page.parent)[3]["score"])
+    return scores
 
 
 def render_and_score(

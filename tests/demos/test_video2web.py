@@ -11,10 +11,13 @@ import torch
 from PIL import Image
 
 from kimi_vl.data.screencast import make_screencast, write_video
+from kimi_vl.data.world import item_key, make_sample, sample_rng, split_of
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import (
     add_video2web_parser,
     blank_page_score,
+    fixed_page_scores,
+    fixed_pages,
     generate_html,
     load_model,
     read_video,
@@ -104,6 +107,27 @@ def test_render_and_score_true_page_into_a_new_folder(cast, tmp_path, chromium):
     w, h = score["frame_size"]
     assert blank == page_similarity(list(frames), Image.new("RGB", (w, score["page_render_height"]), "white")).score
     assert blank < score["score"] - 0.2
+
+
+def test_fixed_pages_are_training_pages_scored_like_any_page(tmp_path, chromium):
+    """The demo's constant-answer baseline: the same train-split pages on every call; each is scored as a generated
+    page would be, so a fixed page scored on its own screencast's frames is the true page's score, and on another
+    screencast's frames it lies between the blank page and that screencast's true page."""
+    pages = fixed_pages(2)
+    assert pages == fixed_pages(2) and len(set(pages)) == 2
+    own = make_sample("screencast", sample_rng(0, 0, "fixed-page"))
+    assert own.video.html == pages[0] and split_of(item_key(own)) == "train"
+    own_frames = np.stack([np.asarray(f) for f in own.video.frames])
+    (tmp_path / "own.html").write_text(pages[0])
+    assert fixed_page_scores(own_frames, tmp_path / "own", n=1) == [
+        render_and_score(tmp_path / "own.html", own_frames, tmp_path / "ref")[3]["score"]]
+    other = make_sample("screencast", random.Random(5), split="eval").video
+    frames = np.stack([np.asarray(f) for f in other.frames])
+    (tmp_path / "true.html").write_text(other.html)
+    true = render_and_score(tmp_path / "true.html", frames, tmp_path / "true")[3]["score"]
+    scores = fixed_page_scores(frames, tmp_path / "other", n=2)
+    assert len(scores) == 2 and all(blank_page_score(frames) < x < true for x in scores)
+    assert (tmp_path / "other" / "fixed1" / "render.png").is_file()
 
 
 def test_stops_at_closing_tag(loaded, cast, monkeypatch):

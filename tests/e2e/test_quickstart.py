@@ -31,6 +31,9 @@ def test_quickstart_smoke(tmp_path):
     assert set(evals["sft"]) == {"mmlu_pro_synth", "mathvista_synth"} and evals["sft"]["mmlu_pro_synth"]["chance"] == 0.1
     assert set(evals) >= {"pretrain", "sft", "rl", "fresh"} and "constant" in evals["fresh"]["mathvista_synth"]
     assert (out / "demo" / "site.html").read_text().startswith("<!DOCTYPE html>")
+    demo = json.loads((out / "demo" / "done.json").read_text())
+    if demo["rendered"]:  # the demo's constant-answer baseline beside the blank and the true page
+        assert len(demo["fixed_page_scores"]) == 5 and "The constant-answer baseline, 5 fixed pages" in report
     before = (out / "model" / "model.safetensors").stat().st_mtime
     assert main(["quickstart", "--out", str(out), "--scale", "0.02", "--eval-limit", "4"]) == 0  # all stages done
     assert (out / "model" / "model.safetensors").stat().st_mtime >= before
@@ -72,6 +75,24 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     del done["pretrain"]
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
     assert "| after SFT | after RL | after RL, fresh draw |" in write_report(tmp_path, {}).read_text()
+
+
+def test_report_sets_the_demo_beside_its_constant_answer(tmp_path):
+    """The demo's paragraph gives the blank page, the true page and the fixed pages' mean with the share of the gap
+    each closes; a demo of a run from before the fixed pages still renders, without that sentence."""
+    from kimi_vl.quickstart import write_report
+
+    demo = {"stop": "html_end", "new_tokens": 100, "rendered": True, "score": 0.7, "blank_page_score": 0.5,
+            "true_page_score": 0.9, "fixed_page_scores": [0.55, 0.65]}
+    (tmp_path / "demo").mkdir()
+    (tmp_path / "demo" / "done.json").write_text(json.dumps(demo))
+    report = write_report(tmp_path, {}).read_text()
+    assert "the page closes 50% of the gap from blank to true" in report
+    assert "2 fixed pages" in report and "scores 0.600 on the mean and closes 25%" in report
+    del demo["fixed_page_scores"]
+    (tmp_path / "demo" / "done.json").write_text(json.dumps(demo))
+    report = write_report(tmp_path, {}).read_text()
+    assert "closes 50% of the gap" in report and "fixed pages" not in report
 
 
 def test_seed_figures_take_the_pinned_items_baselines(monkeypatch):
