@@ -6,7 +6,9 @@ same frames: a blank white page (the floor), the screencast's true HTML rendered
 the constant-answer baseline: `FIXED_PAGES` fixed pages (true pages of training screencasts, the same for every
 video; `kimi_vl.demos.video2web.fixed_page_scores`), their mean and the best of them. Prints the mean scores, the
 share of the blank-to-true gap each closes, and on how many screencasts the model is ahead of the blank page and
-of the fixed pages' mean. `--split val` draws the screencasts from the
+of the fixed pages' mean; then the fields of the page it states right (title, header, section and button colours,
+`page_fields_read`: what the page read from the video, which the similarity only partly shows) against the fixed
+pages'. `--split val` draws the screencasts from the
 world's validation split instead of the held-out eval split: for choosing settings without looking at the reported
 figure.
 
@@ -28,9 +30,12 @@ from kimi_vl.data.world import make_sample
 from kimi_vl.demos.similarity import gap_closed
 from kimi_vl.demos.video2web import (
     FIXED_PAGES,
+    PAGE_FIELDS,
     blank_page_score,
     fixed_page_scores,
+    fixed_pages,
     load_model,
+    page_fields_read,
     render_and_score,
     run_video2web,
 )
@@ -45,6 +50,7 @@ def main() -> None:
     args = ap.parse_args()
     model, processor = load_model(args.model)
     model_scores, blank_scores, true_scores, fixed_scores = [], [], [], []
+    model_reads, fixed_reads = [], []  # per screencast: {field: right?}; the fixed pages' pooled over the pages
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.n):
             work = Path(tmp) / str(i)
@@ -61,6 +67,8 @@ def main() -> None:
             blank_scores.append(blank)
             true_scores.append(true_score)
             fixed_scores.append(fixed_page_scores(frames, work))
+            model_reads.append(page_fields_read(result.html, cast.spec))
+            fixed_reads += [page_fields_read(page, cast.spec) for page in fixed_pages()]
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
                   f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)
@@ -76,6 +84,10 @@ def main() -> None:
           f"{f_mean:.3f} (gap closed {gap_closed(f_mean, b, t):.2f}), best page {f_best:.3f} (gap closed "
           f"{gap_closed(f_best, b, t):.2f}); model - fixed pages' mean = {m - f_mean:+.3f} (model ahead on "
           f"{wins_fixed}/{args.n})")
+    print("fields the page states right (the model's page | the fixed pages; chance 1/16 for the title, 1/12 for a "
+          "colour): " + ", ".join(
+              f"{name} {100 * statistics.fmean(r[name] for r in model_reads):.0f}% | "
+              f"{100 * statistics.fmean(r[name] for r in fixed_reads):.0f}%" for name in PAGE_FIELDS))
 
 if __name__ == "__main__":
     main()

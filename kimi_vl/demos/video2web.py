@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,6 +39,7 @@ from PIL import Image
 from transformers import StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
+from ..data.screencast import SECTIONS, PageSpec
 from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
@@ -54,6 +56,8 @@ __all__ = [
     "fixed_pages",
     "generate_html",
     "load_model",
+    "page_fields",
+    "page_fields_read",
     "read_video",
     "render_and_score",
     "run_video2web",
@@ -285,6 +289,31 @@ def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PA
         page.write_text(html)
         scores.append(render_and_score(page, frames, page.parent)[3]["score"])
     return scores
+
+
+PAGE_FIELDS = ("title", "header color", *(f"section {i + 1} color" for i in range(SECTIONS)), "button color")
+"""What `page_fields_read` checks: the values a page takes from its video, one draw each from 12-16 choices."""
+_BACKGROUND = re.compile(r"background:\s*([a-z]+)")
+_TITLE = re.compile(r"<body[^>]*>\s*<div[^>]*>([^<]*)</div>")
+
+
+def page_fields(html: str) -> dict[str, str | None]:
+    """The `PAGE_FIELDS` a page states, read off its HTML as `page_html` writes it: the first `<div>`'s text (the
+    title) and the first `SECTIONS + 2` background colours in document order (header, sections, button); None
+    where the page has none."""
+    title = _TITLE.search(html)
+    n = len(PAGE_FIELDS) - 1
+    colors: list[str | None] = list(_BACKGROUND.findall(html)[:n])
+    colors += [None] * (n - len(colors))
+    return dict(zip(PAGE_FIELDS, [title.group(1).strip() if title else None, *colors]))
+
+
+def page_fields_read(html: str, spec: PageSpec) -> dict[str, bool]:
+    """Which of the `PAGE_FIELDS` the page `html` gets right for the screencast of `spec`: what a generated page
+    read from the video, unlike the similarity score, which a page of the right kind earns whatever it states (the
+    title and colours are drawn uniformly: chance 1/16 for the title, 1/12 for each colour)."""
+    truth = [spec.title, spec.header_color, *(s.color for s in spec.sections), spec.button_color]
+    return {name: stated == true for (name, stated), true in zip(page_fields(html).items(), truth)}
 
 
 def render_and_score(

@@ -10,7 +10,7 @@ import pytest
 import torch
 from PIL import Image
 
-from kimi_vl.data.screencast import make_screencast, write_video
+from kimi_vl.data.screencast import make_screencast, page_html, write_video
 from kimi_vl.data.world import item_key, make_sample, sample_rng, split_of
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import (
@@ -20,6 +20,8 @@ from kimi_vl.demos.video2web import (
     fixed_pages,
     generate_html,
     load_model,
+    page_fields,
+    page_fields_read,
     read_video,
     render_and_score,
     run_video2web,
@@ -128,6 +130,27 @@ def test_fixed_pages_are_training_pages_scored_like_any_page(tmp_path, chromium)
     scores = fixed_page_scores(frames, tmp_path / "other", n=2)
     assert len(scores) == 2 and all(blank_page_score(frames) < x < true for x in scores)
     assert (tmp_path / "other" / "fixed1" / "render.png").is_file()
+
+
+def test_page_fields_read_checks_each_stated_field():
+    """The true page states every field right; a page that swaps one colour or names another title gets exactly
+    that field wrong; a page missing its elements states None and gets them wrong; extra styled elements after the
+    button do not shift the fields."""
+    spec = make_sample("screencast", random.Random(5), split="eval").video.spec
+    html = page_html(spec)
+    assert page_fields(html) == {"title": spec.title, "header color": spec.header_color,
+                                 "section 1 color": spec.sections[0].color,
+                                 "section 2 color": spec.sections[1].color, "button color": spec.button_color}
+    assert all(page_fields_read(html + '<div style="background:red">x</div>', spec).values())
+    wrong = "tan" if spec.sections[1].color != "tan" else "plum"
+    swapped = html.replace(f"background:{spec.sections[1].color}", f"background:{wrong}")
+    assert [k for k, v in page_fields_read(swapped, spec).items() if not v] == ["section 2 color"]
+    retitled = html.replace(f">{spec.title}</div>", ">Nowhere</div>", 1)
+    assert [k for k, v in page_fields_read(retitled, spec).items() if not v] == ["title"]
+    cut = '<html><body style="margin:0"><div style="background:' + spec.header_color + '">' + spec.title + "</div>"
+    assert page_fields(cut)["button color"] is None
+    assert page_fields_read(cut, spec) == {"title": True, "header color": True, "section 1 color": False,
+                                           "section 2 color": False, "button color": False}
 
 
 def test_stops_at_closing_tag(loaded, cast, monkeypatch):
