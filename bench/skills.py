@@ -11,6 +11,11 @@ Teacher-forced, so each number isolates one skill from the others:
   language model reads image tokens at all, when every one of them carries the answer.
 - `probe`: a linear probe (logistic regression, 300 training images) on the vision tower's mean-pooled features
   of the same images, scored on 100 others: whether the colour is in the vision features at all.
+- `header colour`: a screencast, "Write the HTML of this web page." and the true page up to the header's
+  `background:` are given; is the next token the header's colour? Chance 1/12: whether the language model reads the
+  video tokens (the colours are what the demo's page must take from the video).
+- `header probe`: a linear probe on the projected video tokens of the first chunk (300 training screencasts, 100
+  others scored): whether the header colour is in the video features at all.
 - `count`, `bar value`: generated (greedy, 24 tokens) answers to the world's counting and bar-value questions,
   the number after "The answer is" compared with the truth: the two skills of the MathVista proxy.
 
@@ -29,7 +34,9 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.data import PackedStream, option_drill_document
-from kimi_vl.data.world import COLORS, make_samples
+from kimi_vl.data.encode import process
+from kimi_vl.data.screencast import COLORS as PAGE_COLORS
+from kimi_vl.data.world import COLORS, SCREENCAST_QUESTION, make_samples
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
 from kimi_vl.training.rewards import extract_number
@@ -98,6 +105,23 @@ def answer_accuracy(model, processor, task: str, split: str, n: int = 60) -> flo
     return right / n
 
 
+def _linear_probe(x: torch.Tensor, y: torch.Tensor, x_test: torch.Tensor, y_test: torch.Tensor, classes: int
+                  ) -> float:
+    """Accuracy on `(x_test, y_test)` of a logistic regression fitted on `(x, y)` (features standardised on `x`)."""
+    mean, std = x.mean(0), x.std(0) + 1e-6
+    x, x_test = (x - mean) / std, (x_test - mean) / std
+    torch.manual_seed(0)
+    w = torch.zeros(x.shape[1], classes, requires_grad=True)
+    b = torch.zeros(classes, requires_grad=True)
+    opt = torch.optim.Adam([w, b], lr=0.05)
+    for _ in range(300):
+        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + 1e-3 * w.square().sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return float(((x_test @ w + b).argmax(1) == y_test).float().mean())
+
+
 def colour_probe(model, processor, split: str) -> float:
     names = list(COLORS)
 
@@ -110,20 +134,53 @@ def colour_probe(model, processor, split: str) -> float:
             out.append(merged.float().reshape(-1, model.vision_tower.config.hidden_size).mean(0))
         return torch.stack(out), torch.tensor([names.index(s.answer) for s in samples])
 
-    x, y = features(make_samples(("color",), 300, seed=1))
-    x_test, y_test = features(make_samples(("color",), 100, seed=2, split=split))
-    mean, std = x.mean(0), x.std(0) + 1e-6
-    x, x_test = (x - mean) / std, (x_test - mean) / std
-    torch.manual_seed(0)
-    w = torch.zeros(x.shape[1], len(names), requires_grad=True)
-    b = torch.zeros(len(names), requires_grad=True)
-    opt = torch.optim.Adam([w, b], lr=0.05)
-    for _ in range(300):
-        loss = torch.nn.functional.cross_entropy(x @ w + b, y) + 1e-3 * w.square().sum()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    return float(((x_test @ w + b).argmax(1) == y_test).float().mean())
+    return _linear_probe(*features(make_samples(("color",), 300, seed=1)),
+                         *features(make_samples(("color",), 100, seed=2, split=split)), len(names))
+
+
+def _screencast_prompt(processor) -> str:
+    return processor.apply_chat_template(
+        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": SCREENCAST_QUESTION}]}],
+        add_generation_prompt=True, tokenize=False)
+
+
+def header_colour_accuracy(model, processor, split: str, n: int = 60) -> float:
+    """Teacher-forced header colour of screencasts: the video, the question and the true page up to the header's
+    `background:` are given; is the next token the colour's first token? Chance 1/12 (the header colours)."""
+    tokenizer = processor.tokenizer
+    right = 0
+    for s in make_samples(("screencast",), n, seed=779, split=split):
+        page, colour = s.video.html, s.video.spec.header_color
+        cut = page.index(f"background:{colour}") + len("background:")
+        ids, media = process(processor, _screencast_prompt(processor) + page[:cut], videos=[s.video])
+        before = tokenizer(page[:cut], add_special_tokens=False)["input_ids"]
+        target = tokenizer(page[:cut + len(colour)], add_special_tokens=False)["input_ids"]
+        if target[:len(before)] != before:
+            raise SystemExit(f"the tokenizer merges 'background:' with {colour!r}; this test needs them apart")
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids]), **media).logits[0, -1]
+        right += int(logits.argmax()) == target[len(before)]
+    return right / n
+
+
+def header_colour_probe(model, processor, split: str) -> float:
+    """A linear probe on the projected video tokens (the first chunk's, flattened: every screencast has the same
+    grid) for the header colour: whether the vision tower's video features hold it at all. 300 training
+    screencasts, 100 of `split`."""
+    names = list(PAGE_COLORS)
+
+    def features(samples):
+        out = []
+        for s in samples:
+            _, media = process(processor, _screencast_prompt(processor), videos=[s.video])
+            with torch.no_grad():
+                tokens = model.get_video_features(media["pixel_values_videos"], media["video_grid_thw"])
+            chunks = media["video_grid_thw"].shape[0]
+            out.append(tokens[: tokens.shape[0] // chunks].float().flatten())
+        return torch.stack(out), torch.tensor([names.index(s.video.spec.header_color) for s in samples])
+
+    return _linear_probe(*features(make_samples(("screencast",), 300, seed=3)),
+                         *features(make_samples(("screencast",), 100, seed=4, split=split)), len(names))
 
 
 def main() -> None:
@@ -133,8 +190,8 @@ def main() -> None:
     args = ap.parse_args()
     print(f"Items of the {args.split} split.\n")
     print("| checkpoint | letter (chance 10%) | drill | colour (chance 10%) | swatch (chance 10%) | "
-          "colour probe on the vision tower | count | bar value |")
-    print("|---|---|---|---|---|---|---|---|")
+          "colour probe on the vision tower | header colour (chance 8%) | header probe | count | bar value |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in args.model:
         model = AutoModelForImageTextToText.from_pretrained(path).eval()
         processor = AutoProcessor.from_pretrained(path)
@@ -142,6 +199,8 @@ def main() -> None:
                  colour_accuracy(model, processor, args.split),
                  colour_accuracy(model, processor, args.split, task="swatch"),
                  colour_probe(model, processor, args.split),
+                 header_colour_accuracy(model, processor, args.split),
+                 header_colour_probe(model, processor, args.split),
                  answer_accuracy(model, processor, "count", args.split),
                  answer_accuracy(model, processor, "chart_bar", args.split)]
         print(f"| {path} | " + " | ".join(f"{100 * c:.1f}%" for c in cells) + " |", flush=True)

@@ -60,12 +60,14 @@ class DataConfig:
         families: RL task families of the embedded data: text, vision, or both as `text,vision`.
         prompts_per_step: RL prompts per rollout batch of users' data.
         prompts_per_family: RL prompts per rollout batch of each task family of the embedded data.
-        video_fraction: (embedded data) share of vision documents that are screencasts.
+        video_fraction: (embedded data) share of vision documents that are videos (screencasts).
         chat_fraction: (embedded data) share of vision documents in chat form.
         code_fraction: (embedded data) share of text documents that are standard library source.
         text_chat_fraction: (embedded data) share of world text samples in chat form.
         text_tasks: (embedded data) weights of the world's text tasks, e.g. mc=3,fact=2 (default: uniform).
         vision_tasks: (embedded data) weights of the world's image tasks (default: uniform).
+        video_tasks: (embedded data) weights of the world's video tasks, e.g. screencast=2,page_color=1 (default:
+            screencast only).
         drill_batches: (embedded data) first batches whose text is the option-letter drill.
         drill_lookups: (embedded data) lookups per drill document.
         drill_min_options: (embedded data) fewest options of a drill question.
@@ -103,6 +105,7 @@ class DataConfig:
     text_chat_fraction: float = _for("pretrain", default=0.0)
     text_tasks: dict[str, float] | None = _for("pretrain")
     vision_tasks: dict[str, float] | None = _for("pretrain")
+    video_tasks: dict[str, float] | None = _for("pretrain")
     drill_batches: int = _for("pretrain", default=0)
     drill_lookups: int = _for("pretrain", default=5)
     drill_min_options: int = _for("pretrain", default=3)
@@ -133,7 +136,8 @@ def _embedded_pretrain(cfg: DataConfig, processor: Any, seed: int, *, drill: boo
         processor, seq_len=cfg.seq_len, rows=cfg.rows, seed=seed,
         vision_ratio=cfg.vision_ratio, video_fraction=cfg.video_fraction,
         chat_fraction=cfg.chat_fraction, code_fraction=cfg.code_fraction, text_chat_fraction=cfg.text_chat_fraction,
-        text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, drill_batches=cfg.drill_batches if drill else 0,
+        text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, video_tasks=cfg.video_tasks,
+        drill_batches=cfg.drill_batches if drill else 0,
         drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options,
         drill_ramp_batches=cfg.drill_ramp_batches,
         drill_vision_tasks=cfg.drill_vision_tasks, drill_vision_ratio=cfg.drill_vision_ratio)

@@ -123,6 +123,7 @@ def embedded_pretrain_stream(
     text_chat_fraction: float = 0.0,
     text_tasks: dict[str, float] | None = None,
     vision_tasks: dict[str, float] | None = None,
+    video_tasks: dict[str, float] | None = None,
     drill_batches: int = 0,
     drill_lookups: int = 5,
     drill_min_options: int = 3,
@@ -136,7 +137,8 @@ def embedded_pretrain_stream(
     characters), else a world text sample (`TEXT_TASKS`, drawn with the weights `text_tasks`, uniformly when
     None), in chat form with probability `text_chat_fraction` (loss on the reply; not splittable) else in
     pre-training form (splittable). Vision documents: a world sample with media: a screencast with
-    probability `video_fraction`, else an image task (`VISION_TASKS`, weights `vision_tasks`, uniform when None),
+    probability `video_fraction` (`VIDEO_TASKS` with the weights `video_tasks`; when None, `screencast` only), else
+    an image task (`VISION_TASKS`, weights `vision_tasks`, uniform when None),
     in chat form with probability `chat_fraction` (loss on the reply) else in pre-training form (loss on the text
     after the media). `vision_ratio` of every batch's tokens are vision tokens.
 
@@ -156,6 +158,7 @@ def embedded_pretrain_stream(
             raise ConfigError(f"{name} must be in [0, 1], got {value}.")
     pick_text = _task_picker(TEXT_TASKS, text_tasks, "text_tasks")
     pick_vision = _task_picker(VISION_TASKS, vision_tasks, "vision_tasks")
+    pick_video = _task_picker(VIDEO_TASKS, video_tasks, "video_tasks")
 
     def text_doc(draws: BatchDraws) -> Document:
         rng = draws.rng
@@ -166,7 +169,7 @@ def embedded_pretrain_stream(
 
     def vision_doc(draws: BatchDraws) -> Document:
         rng = draws.rng
-        task = rng.choice(VIDEO_TASKS) if rng.random() < video_fraction else pick_vision(rng)
+        task = pick_video(rng) if rng.random() < video_fraction else pick_vision(rng)
         chat = rng.random() < chat_fraction
         return encode_sample(make_sample(task, rng), processor, chat=chat)
 

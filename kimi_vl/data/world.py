@@ -30,6 +30,7 @@ Tasks (`Sample.task`):
 | grounding   | image | Where are the red circles? ...                       | [[3,4,20,21]]  | grounding   |
 | visual_math | image | MathVista-style query (hint, question, choices)     | 8 / B          | number/choice|
 | screencast  | video | Write the HTML of this web page.                     | the page HTML  | html        |
+| page_color  | video | What color is the header of this web page?           | navy           | ocr         |
 
 Splits: every sample is an item with a key (`item_key`: the wording of a question with its entity, an expression,
 a unit conversion, a chart's labels and values, a rectangle's sides, a page, or an image's pixels); a hash of the key
@@ -81,9 +82,9 @@ WORLD_SEED = 20240601
 TEXT_TASKS: tuple[str, ...] = ("arithmetic", "mc", "fact", "lookup")
 VISION_TASKS: tuple[str, ...] = ("count", "color", "swatch", "shape", "chart_bar", "chart_line", "ocr", "grounding",
                                  "visual_math")
-VIDEO_TASKS: tuple[str, ...] = ("screencast",)
-CURRICULUM_TASKS: tuple[str, ...] = ("swatch",)
-"""Image tasks drawn only when a mixture weights them by name: not in uniform task mixtures, not in RL."""
+VIDEO_TASKS: tuple[str, ...] = ("screencast", "page_color")
+CURRICULUM_TASKS: tuple[str, ...] = ("swatch", "page_color")
+"""Tasks drawn only when a mixture weights them by name: not in uniform task mixtures, not in RL."""
 ALL_TASKS: tuple[str, ...] = TEXT_TASKS + VISION_TASKS + VIDEO_TASKS
 
 MIN_SIDE, MAX_SIDE = 56, 224
@@ -612,11 +613,28 @@ def _task_screencast(rng: random.Random) -> Sample:
                   meta={"fps": video.fps, "num_frames": len(video.frames)})
 
 
+PAGE_ELEMENTS = ("header", "first section", "second section", "button")
+"""The elements a `page_color` question asks about, in page order (`PageSpec`: header, sections, button)."""
+
+
+def _task_page_color(rng: random.Random) -> Sample:
+    """The background colour of one element of a screencast's page, in one short reply: the colours the page's HTML
+    states, asked one at a time (a video counterpart of `color`; the item is the page, as for `screencast`)."""
+    video = make_screencast(rng)
+    spec = video.spec
+    element = rng.choice(PAGE_ELEMENTS)
+    color = {"header": spec.header_color, "first section": spec.sections[0].color,
+             "second section": spec.sections[1].color, "button": spec.button_color}[element]
+    return Sample("page_color", f"What color is the {element} of this web page?", color,
+                  f"The {element} is {color}. The answer is {color}.", "ocr", video=video,
+                  meta={"element": element, "fps": video.fps, "num_frames": len(video.frames)})
+
+
 _TASKS = {
     "arithmetic": _task_arithmetic, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup, "count": _task_count,
     "color": _task_color, "swatch": _task_swatch, "shape": _task_shape, "chart_bar": _task_chart_bar,
     "chart_line": _task_chart_line, "ocr": _task_ocr, "grounding": _task_grounding, "visual_math": _task_visual_math,
-    "screencast": _task_screencast,
+    "screencast": _task_screencast, "page_color": _task_page_color,
 }
 
 
@@ -764,7 +782,8 @@ def sample_text(sample: Sample) -> str:
 
 
 __all__ = [
-    "ALL_TASKS", "COLORS", "CURRICULUM_TASKS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "SCREENCAST_QUESTION", "SHAPES",
+    "ALL_TASKS", "COLORS", "CURRICULUM_TASKS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "PAGE_ELEMENTS",
+    "SCREENCAST_QUESTION", "SHAPES",
     "TEXT_TASKS", "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
     "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
     "world_facts", "FACT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",

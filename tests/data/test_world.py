@@ -13,9 +13,12 @@ from kimi_vl.data.world import (
     COLORS,
     LETTERS,
     MATHVISTA_HINTS,
+    PAGE_ELEMENTS,
     TEXT_TASKS,
+    VIDEO_TASKS,
     VISION_TASKS,
     WORLD,
+    item_key,
     make_sample,
     make_samples,
     mathvista_rows,
@@ -23,6 +26,7 @@ from kimi_vl.data.world import (
     option_lookup,
     sample_rng,
 )
+from kimi_vl.demos.video2web import page_fields
 from kimi_vl.errors import ConfigError
 from kimi_vl.training.rewards import reward
 
@@ -117,6 +121,25 @@ def test_swatch_is_one_colour_and_stays_out_of_rl():
         assert (pixels == COLORS[s.answer]).all() and s.response.endswith(f"The answer is {s.answer}.")
     assert len({s.answer for s in samples}) > 5 and len({s.image.size for s in samples}) == 20
     assert "swatch" in VISION_TASKS and "swatch" not in RL_FAMILIES["vision"]
+
+
+def test_page_color_asks_one_colour_of_the_page_and_stays_out_of_rl():
+    """`page_color` asks the background colour of one element of a screencast's page (the colour its HTML states);
+    its item is the page, so a page's colour questions share the split of its `screencast` sample."""
+    from kimi_vl.training.stages import RL_FAMILIES
+
+    samples = make_samples(("page_color",), 24, seed=0)
+    for s in samples:
+        element = s.meta["element"]
+        assert s.question == f"What color is the {element} of this web page?" and s.reward == "ocr"
+        assert f"background:{s.answer}" in s.video.html and s.response.endswith(f"The answer is {s.answer}.")
+        stated = page_fields(s.video.html)  # the colours the page's HTML states, in page order
+        assert s.answer == dict(zip(PAGE_ELEMENTS, list(stated.values())[1:]))[element]
+    assert {s.meta["element"] for s in samples} == set(PAGE_ELEMENTS)
+    page = make_sample("screencast", sample_rng(0, 7))
+    same_page = make_sample("page_color", sample_rng(0, 7))
+    assert item_key(page) == item_key(same_page)
+    assert "page_color" in VIDEO_TASKS and "page_color" not in RL_FAMILIES["vision"] + RL_FAMILIES["text"]
 
 
 def test_grounding_boxes():
@@ -308,14 +331,14 @@ def test_evaluation_items_are_held_out_from_every_training_draw(tmp_path):
     conversion, a chart's values, a rectangle, an image - is ever generated for training: training draws of every
     task, the SFT conversations' and the drill's sources among them, never produce an eval or val key, and the
     proxies' keys are all eval keys (so the two sets are disjoint)."""
-    from kimi_vl.data.world import ALL_TASKS, item_key, make_samples, split_of
+    from kimi_vl.data.world import ALL_TASKS, VIDEO_TASKS, item_key, make_samples, split_of
 
     eval_mc = make_samples(("mc",), 300, 90_210, "eval")
     eval_math = make_samples(("visual_math",), 150, 90_210, "eval")
     eval_keys = {item_key(s) for s in eval_mc + eval_math}
     assert {split_of(k) for k in eval_keys} == {"eval"}
     stems = {s.meta["stem"] for s in eval_mc}
-    train = [s for task in ALL_TASKS for s in make_samples((task,), 60 if task == "screencast" else 400, 3)]
+    train = [s for task in ALL_TASKS for s in make_samples((task,), 60 if task in VIDEO_TASKS else 400, 3)]
     train_keys = {item_key(s) for s in train}
     assert {split_of(k) for k in train_keys} == {"train"}
     assert not eval_keys & train_keys
