@@ -51,6 +51,7 @@ def main() -> None:
     model, processor = load_model(args.model)
     model_scores, blank_scores, true_scores, fixed_scores = [], [], [], []
     model_reads, fixed_reads = [], []  # per screencast: {field: right?}; the fixed pages' pooled over the pages
+    fixed = fixed_pages()
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.n):
             work = Path(tmp) / str(i)
@@ -68,7 +69,7 @@ def main() -> None:
             true_scores.append(true_score)
             fixed_scores.append(fixed_page_scores(frames, work))
             model_reads.append(page_fields_read(result.html, cast.spec))
-            fixed_reads += [page_fields_read(page, cast.spec) for page in fixed_pages()]
+            fixed_reads += [page_fields_read(page, cast.spec) for page in fixed]
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
                   f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)

@@ -136,7 +136,7 @@ def embedded_pretrain_stream(
     Text documents: with probability `code_fraction` a standard library excerpt (about `4 * seq_len`
     characters), else a world text sample (`TEXT_TASKS`, drawn with the weights `text_tasks`, uniformly when
     None), in chat form with probability `text_chat_fraction` (loss on the reply; not splittable) else in
-    pre-training form (splittable). Vision documents: a world sample with media: a screencast with
+    pre-training form (splittable). Vision documents: a world sample with media: a video with
     probability `video_fraction` (`VIDEO_TASKS` with the weights `video_tasks`; when None, `screencast` only), else
     an image task (`VISION_TASKS`, weights `vision_tasks`, uniform when None),
     in chat form with probability `chat_fraction` (loss on the reply) else in pre-training form (loss on the text

@@ -46,6 +46,7 @@ __all__ = [
     "layout",
     "make_screencast",
     "page_height",
+    "page_colors",
     "page_html",
     "random_page",
     "render_frame",
@@ -174,6 +175,11 @@ def random_page(rng: random.Random) -> PageSpec:
         button_color=light[-1],
         button_width=rng.randrange(40, 80, 8),
     )
+
+
+def page_colors(spec: PageSpec) -> list[str]:
+    """The page's background colours in document order: header, sections, button."""
+    return [spec.header_color, *(s.color for s in spec.sections), spec.button_color]
 
 
 def _style(*parts: str) -> str:

@@ -62,7 +62,7 @@ from typing import Any
 from PIL import Image, ImageDraw, ImageFont
 
 from ..errors import ConfigError
-from .screencast import Screencast, make_screencast
+from .screencast import Screencast, make_screencast, page_colors
 
 COLORS: dict[str, tuple[int, int, int]] = {
     "red": (220, 30, 30), "green": (30, 160, 50), "blue": (30, 70, 220), "yellow": (230, 200, 20),
@@ -614,17 +614,15 @@ def _task_screencast(rng: random.Random) -> Sample:
 
 
 PAGE_ELEMENTS = ("header", "first section", "second section", "button")
-"""The elements a `page_color` question asks about, in page order (`PageSpec`: header, sections, button)."""
+"""The elements a `page_color` question asks about, in page order (`page_colors`: header, sections, button)."""
 
 
 def _task_page_color(rng: random.Random) -> Sample:
     """The background colour of one element of a screencast's page, in one short reply: the colours the page's HTML
     states, asked one at a time (a video counterpart of `color`; the item is the page, as for `screencast`)."""
     video = make_screencast(rng)
-    spec = video.spec
     element = rng.choice(PAGE_ELEMENTS)
-    color = {"header": spec.header_color, "first section": spec.sections[0].color,
-             "second section": spec.sections[1].color, "button": spec.button_color}[element]
+    color = dict(zip(PAGE_ELEMENTS, page_colors(video.spec), strict=True))[element]
     return Sample("page_color", f"What color is the {element} of this web page?", color,
                   f"The {element} is {color}. The answer is {color}.", "ocr", video=video,
                   meta={"element": element, "fps": video.fps, "num_frames": len(video.frames)})

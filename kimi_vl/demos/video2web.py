@@ -39,7 +39,7 @@ from PIL import Image
 from transformers import StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
-from ..data.screencast import SECTIONS, PageSpec
+from ..data.screencast import SECTIONS, PageSpec, page_colors
 from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
@@ -312,7 +312,7 @@ def page_fields_read(html: str, spec: PageSpec) -> dict[str, bool]:
     """Which of the `PAGE_FIELDS` the page `html` gets right for the screencast of `spec`: what a generated page
     read from the video, unlike the similarity score, which a page of the right kind earns whatever it states (the
     title and colours are drawn uniformly: chance 1/16 for the title, 1/12 for each colour)."""
-    truth = [spec.title, spec.header_color, *(s.color for s in spec.sections), spec.button_color]
+    truth = [spec.title, *page_colors(spec)]
     return {name: stated == true for (name, stated), true in zip(page_fields(html).items(), truth)}
 
 
