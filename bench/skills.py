@@ -36,7 +36,8 @@ import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.data import PackedStream, option_drill_document
 from kimi_vl.data.encode import process
 from kimi_vl.data.screencast import COLORS as PAGE_COLORS
-from kimi_vl.data.world import COLORS, SCREENCAST_QUESTION, make_samples
+from kimi_vl.data.world import COLORS, make_samples
+from kimi_vl.demos.video2web import build_prompt
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
 from kimi_vl.training.rewards import extract_number
@@ -138,12 +139,6 @@ def colour_probe(model, processor, split: str) -> float:
                          *features(make_samples(("color",), 100, seed=2, split=split)), len(names))
 
 
-def _screencast_prompt(processor) -> str:
-    return processor.apply_chat_template(
-        [{"role": "user", "content": [{"type": "video"}, {"type": "text", "text": SCREENCAST_QUESTION}]}],
-        add_generation_prompt=True, tokenize=False)
-
-
 def header_colour_accuracy(model, processor, split: str, n: int = 60) -> float:
     """Teacher-forced header colour of screencasts: the video, the question and the true page up to the header's
     `background:` are given; is the next token the colour's first token? Chance 1/12 (the header colours)."""
@@ -152,7 +147,7 @@ def header_colour_accuracy(model, processor, split: str, n: int = 60) -> float:
     for s in make_samples(("screencast",), n, seed=779, split=split):
         page, colour = s.video.html, s.video.spec.header_color
         cut = page.index(f"background:{colour}") + len("background:")
-        ids, media = process(processor, _screencast_prompt(processor) + page[:cut], videos=[s.video])
+        ids, media = process(processor, build_prompt(processor) + page[:cut], videos=[s.video])
         before = tokenizer(page[:cut], add_special_tokens=False)["input_ids"]
         target = tokenizer(page[:cut + len(colour)], add_special_tokens=False)["input_ids"]
         if target[:len(before)] != before:
@@ -172,7 +167,7 @@ def header_colour_probe(model, processor, split: str) -> float:
     def features(samples):
         out = []
         for s in samples:
-            _, media = process(processor, _screencast_prompt(processor), videos=[s.video])
+            _, media = process(processor, build_prompt(processor), videos=[s.video])
             with torch.no_grad():
                 tokens = model.get_video_features(media["pixel_values_videos"], media["video_grid_thw"])
             chunks = media["video_grid_thw"].shape[0]
