@@ -73,7 +73,8 @@ class DataConfig:
         drill_min_options: (embedded data) fewest options of a drill question.
         drill_ramp_batches: (embedded data) first drill batches whose questions have fewer options: 2-3, then 2-6
             from half of them on (an easier start for the lookup; 0: drill_min_options to 10 from the start).
-        drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks).
+        drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks); video
+            tasks may be named too (e.g. page_color=2).
         drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
     """
 

@@ -146,7 +146,7 @@ def embedded_pretrain_stream(
     document is an option-letter drill (`option_drill_document` with `drill_lookups` lookups among
     `drill_min_options` to 10 options), and the vision documents are image tasks in chat form (loss on their short
     replies only, no screencasts; the tasks drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a
-    short-reply image curriculum), at the vision ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an
+    short-reply image curriculum, which may also name video tasks, e.g. `page_color`), at the vision ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an
     option's letter from its value is the last step of every multiple-choice answer; in the mixture alone a tiny
     model does not learn it within the quickstart's minutes (its letters are a few tokens among many), after the
     drill it keeps the skill and applies it to the mixture's questions. In the first `drill_ramp_batches` batches
@@ -182,7 +182,7 @@ def embedded_pretrain_stream(
         return main
 
     pick_drill_vision = pick_vision if drill_vision_tasks is None else _task_picker(
-        VISION_TASKS, drill_vision_tasks, "drill_vision_tasks")
+        VISION_TASKS + VIDEO_TASKS, drill_vision_tasks, "drill_vision_tasks")
 
     def drill_vision_doc(draws: BatchDraws) -> Document:  # short replies: the letters keep their share of the loss
         return encode_sample(make_sample(pick_drill_vision(draws.rng), draws.rng), processor, chat=True)

@@ -401,6 +401,19 @@ def test_drill_has_its_own_vision_ratio(proc):
         DataConfig(drill_vision_ratio=1.5)
 
 
+def test_drill_media_tasks_may_name_video_tasks(proc):
+    """`drill_vision_tasks` may bring a video task (`page_color`) into the drill, as a short-reply chat; a task of
+    neither kind is refused."""
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=6, drill_batches=2, vision_ratio=0.3,
+                        drill_vision_tasks={"page_color": 1.0})
+    drill = [s.batch(i) for i in (0, 1)]
+    text = "".join(proc.tokenizer.decode(b.input_ids.reshape(-1).tolist()) for b in drill)
+    assert text.count("of this web page?") >= 2 and "Write the HTML" not in text
+    assert all(b.pixel_values_videos is not None and b.pixel_values is None for b in drill)
+    with pytest.raises(ConfigError, match="drill_vision_tasks"):
+        pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, drill_batches=2, drill_vision_tasks={"mc": 1.0})
+
+
 # ----------------------------------------------------------------------------------------------------- the model
 def test_tiny_model_trains_on_a_packed_batch(proc, batches):
     from tests.test_export import tiny_model
