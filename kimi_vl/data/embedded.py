@@ -144,10 +144,11 @@ def embedded_pretrain_stream(
 
     With `drill_batches > 0` the stream is a `WarmupStream`: in its first `drill_batches` batches every text
     document is an option-letter drill (`option_drill_document` with `drill_lookups` lookups among
-    `drill_min_options` to 10 options), and the vision documents are image tasks in chat form (loss on their short
-    replies only, no screencasts; the tasks drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a
-    short-reply image curriculum, which may also name video tasks, e.g. `page_color`), at the vision ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an
-    option's letter from its value is the last step of every multiple-choice answer; in the mixture alone a tiny
+    `drill_min_options` to 10 options), and the vision documents are world tasks in chat form (loss on their short
+    replies only; drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a short-reply image
+    curriculum, which may also name video tasks such as `page_color`; no screencasts unless named), at the vision
+    ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an option's letter from its value is the last
+    step of every multiple-choice answer; in the mixture alone a tiny
     model does not learn it within the quickstart's minutes (its letters are a few tokens among many), after the
     drill it keeps the skill and applies it to the mixture's questions. In the first `drill_ramp_batches` batches
     the drill's questions have fewer options (`drill_option_range`).
