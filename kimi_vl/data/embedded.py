@@ -148,10 +148,10 @@ def embedded_pretrain_stream(
     replies only; drawn with the weights `drill_vision_tasks`, default `vision_tasks`: a short-reply image
     curriculum, which may also name video tasks such as `page_color`; no screencasts unless named), at the vision
     ratio `drill_vision_ratio` (default: `vision_ratio`). Finding an option's letter from its value is the last
-    step of every multiple-choice answer; in the mixture alone a tiny
-    model does not learn it within the quickstart's minutes (its letters are a few tokens among many), after the
-    drill it keeps the skill and applies it to the mixture's questions. In the first `drill_ramp_batches` batches
-    the drill's questions have fewer options (`drill_option_range`).
+    step of every multiple-choice answer; in the mixture alone a tiny model does not learn it within the
+    quickstart's minutes (its letters are a few tokens among many), after the drill it keeps the skill and applies
+    it to the mixture's questions. In the first `drill_ramp_batches` batches the drill's questions have fewer
+    options (`drill_option_range`).
     """
     for name, value in (("video_fraction", video_fraction), ("chat_fraction", chat_fraction),
                         ("code_fraction", code_fraction), ("text_chat_fraction", text_chat_fraction)):
