@@ -74,20 +74,27 @@ def causal_conv1d(
         y = F.conv1d(window, w.unsqueeze(1), groups=D) if T else window[..., :0]
         new_tail = window[..., T:]
     else:
-        # Lay the sequences out as [tail_0, x_0, tail_1, x_1, ...] so one conv never mixes sequences.
+        # Lay the sequences out as [tail_0, x_0, tail_1, x_1, ...] so one conv never mixes sequences. Rows are
+        # copied in and the outputs selected by index, so the backward gathers instead of scattering with
+        # accumulation.
         lens = [b - a for a, b in pairwise(offsets)]
-        src, out_pos, tail_pos, pos = [], [], [], 0
-        for s, (a, n) in enumerate(zip(offsets[:-1], lens, strict=True)):
-            src += [T + s * (K - 1) + i for i in range(K - 1)] + list(range(a, a + n))
+        x_pos, out_pos, tail_in, tail_pos, pos = [], [], [], [], 0
+        for n in lens:
+            tail_in += range(pos, pos + K - 1)
+            x_pos += range(pos + K - 1, pos + K - 1 + n)
             out_pos += range(pos, pos + n)
             tail_pos += range(pos + n, pos + n + K - 1)
             pos += n + K - 1
-        source = torch.cat([x[0], tail.transpose(1, 2).reshape(n_seq * (K - 1), D)])
-        window = source[torch.tensor(src, dtype=torch.long, device=x.device)].t().unsqueeze(0)
+
+        def index(positions: list[int]) -> torch.Tensor:
+            return torch.tensor(positions, dtype=torch.long, device=x.device)
+
+        window = x.new_zeros(pos, D).index_copy(0, index(x_pos), x[0])
+        window = window.index_copy(0, index(tail_in), tail.transpose(1, 2).reshape(n_seq * (K - 1), D))
+        window = window.t().unsqueeze(0)
         y = window[..., :0] if T == 0 else F.conv1d(window, w.unsqueeze(1), groups=D)
-        y = y[..., torch.tensor(out_pos, dtype=torch.long, device=x.device)]
-        new_tail = window[0, :, torch.tensor(tail_pos, dtype=torch.long, device=x.device)]
-        new_tail = new_tail.reshape(D, n_seq, K - 1).transpose(0, 1)
+        y = y.index_select(-1, index(out_pos))
+        new_tail = window[0].index_select(-1, index(tail_pos)).reshape(D, n_seq, K - 1).transpose(0, 1)
     y = y.transpose(1, 2)
     if activation == "silu":
         y = F.silu(y)

@@ -355,6 +355,9 @@ def _pair_decay(G: torch.Tensor) -> torch.Tensor:
     return (G.unsqueeze(-2) - G.unsqueeze(-3)).masked_fill_(upper, float("-inf")).exp_()
 
 
+_KEEP_BUDGET = 1 << 23  # elements of the [m, S, S, D] decay kept for backward (32 MiB in fp32)
+
+
 def _groups(m: int, per_item: int, budget: int = 1 << 21) -> list[slice]:
     step = max(1, budget // per_item)
     return [slice(i, min(i + step, m)) for i in range(0, m, step)]
@@ -365,16 +368,23 @@ class _DiagBlockScores(torch.autograd.Function):
 
     ``A_kk[i, j] = sum_d k_id k_jd E_ijd`` and ``A_qk[i, j] = sum_d q_id k_jd E_ijd`` with
     ``E = _pair_decay(G)``. Inputs ``[m, S, D]``, outputs ``[m, S, S]``. The ``[m, S, S, D]`` decay is
-    built in groups of blocks and recomputed in backward instead of being stored, which bounds memory.
+    built in groups of blocks. Up to ``_KEEP_BUDGET`` elements it and ``E * k_j`` are kept for backward
+    (the sub/mask/exp passes are a third of backward's time on CPU); above it they are recomputed in backward
+    instead of being stored, which bounds memory. Kept or recomputed, backward sees the same values.
     """
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(q, k, G)
         m, S, D = k.shape
+        keep = m * S * S * D <= _KEEP_BUDGET
+        ctx.kept = []
         out = k.new_empty(m, S, S, 2)
         for sl in _groups(m, S * S * D):
-            k_decay = _pair_decay(G[sl]).mul_(k[sl].unsqueeze(-3))
+            E = _pair_decay(G[sl])
+            k_decay = E * k[sl].unsqueeze(-3) if keep else E.mul_(k[sl].unsqueeze(-3))
+            if keep:
+                ctx.kept.append((E, k_decay))
             torch.matmul(k_decay, torch.stack([k[sl], q[sl]], -1), out=out[sl])
         return out[..., 0], out[..., 1]
 
@@ -382,13 +392,14 @@ class _DiagBlockScores(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_kk: torch.Tensor | None, d_qk: torch.Tensor | None):
         q, k, G = ctx.saved_tensors
+        kept, ctx.kept = ctx.kept, []
         m, S, D = k.shape
         dA = torch.stack([k.new_zeros(m, S, S) if d is None else d for d in (d_kk, d_qk)], -1)  # [m, S, S, 2]
         dq, dk, dG = torch.empty_like(q), torch.empty_like(k), torch.empty_like(G)
-        for sl in _groups(m, S * S * D):
-            E = _pair_decay(G[sl])
+        for n, sl in enumerate(_groups(m, S * S * D)):
             k_j = k[sl].unsqueeze(-3)
-            rows = dA[sl].transpose(-1, -2) @ (E * k_j)  # [m, S(i), 2, D]: d/dk_i and d/dq_i
+            E, k_decay = kept[n] if kept else (E := _pair_decay(G[sl]), E * k_j)
+            rows = dA[sl].transpose(-1, -2) @ k_decay  # [m, S(i), 2, D]: d/dk_i and d/dq_i
             R = (dA[sl] @ torch.stack([k[sl], q[sl]], -2)).mul_(E)  # [m, i, j, D]: sum_x dA_x[i,j] x_id E_ijd
             dk[sl] = rows[..., 0, :] + R.sum(-3)
             dq[sl] = rows[..., 1, :]
@@ -551,18 +562,18 @@ def chunk_kda_torch(
         states = [q.new_zeros(B * H, Dk, Dv) if h0 is None else h0.reshape(B * H, Dk, Dv)]
     else:
         # Each sequence is right-padded to a whole number of chunks; zero padding leaves its state unchanged.
+        # Tokens are copied to their padded positions (`dst`): the backward is a gather, not an accumulating scatter.
         n_chunks = [-(-(b - a) // C) for a, b in pairwise(offsets)]
-        src, dst, segments, first = [], [], [], 0
+        dst, segments, first = [], [], 0
         for (a, b), m in zip(pairwise(offsets), n_chunks, strict=True):
-            src += list(range(a, b)) + [T] * (m * C - (b - a))
             dst += list(range(first * C, first * C + b - a))
             segments.append((first, first + m))
             first += m
         n = first
-        src_idx = torch.tensor(src, dtype=torch.long, device=q.device)
+        dst_idx = torch.tensor(dst, dtype=torch.long, device=q.device)
 
         def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [1, T, H, *] -> [n, H, C, *]
-            x = torch.cat([x[0], x.new_zeros(1, *x.shape[2:])])[src_idx]
+            x = x.new_zeros(n * C, *x.shape[2:]).index_copy(0, dst_idx, x[0])
             return x.reshape(n, C, H, -1).transpose(1, 2)
 
         states = [q.new_zeros(H, Dk, Dv) if h0 is None else h0[i] for i in range(len(segments))]
@@ -574,7 +585,6 @@ def chunk_kda_torch(
         o = o.reshape(n, B, H, C, Dv).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, Dv)[:, :T]
         final = finals[0].reshape(B, H, Dk, Dv)
     else:
-        dst_idx = torch.tensor(dst, dtype=torch.long, device=q.device)
-        o = o.transpose(1, 2).reshape(n * C, H, Dv)[dst_idx].unsqueeze(0)
+        o = o.transpose(1, 2).reshape(n * C, H, Dv).index_select(0, dst_idx).unsqueeze(0)
         final = torch.stack(finals)
     return o.to(out_dtype), final if output_final_state else None

@@ -101,7 +101,7 @@ class Experts(nn.Module):
         order = flat.argsort(stable=True)
         token = order // k
         counts = torch.bincount(flat, minlength=self.w1.shape[0]).tolist()
-        xs = x[token]
+        xs = x.index_select(0, token)  # backward: an index_add, cheaper than indexing's accumulating scatter
         outs = []
         start = 0
         for e, n in enumerate(counts):
@@ -115,7 +115,7 @@ class Experts(nn.Module):
         # such regions stall for milliseconds when other processes hold the cores). The gather's index is the
         # inverse of `order`, scattered in O(N k) rather than sorted again.
         inverse = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel(), device=order.device))
-        return y[inverse].view(N, k, -1).sum(1)
+        return y.index_select(0, inverse).view(N, k, -1).sum(1)
 
 
 class MoE(nn.Module):

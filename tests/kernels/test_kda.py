@@ -171,6 +171,26 @@ def test_diag_block_scores_gradcheck():
     assert torch.autograd.gradcheck(lambda *x: _DiagBlockScores.apply(*x), (q, k, G))
 
 
+def test_diag_block_scores_kept_and_recomputed_decay_give_the_same_gradients(monkeypatch):
+    """Below `_KEEP_BUDGET` the pairwise decay is kept for backward, above it recomputed: the same values either way
+    (exactly: the same ops on the same groups of blocks), here with several groups (a small group budget)."""
+    import kimi_vl.kernels.kda as kda
+
+    gen = torch.Generator().manual_seed(0)
+    base = [torch.randn(5, 16, 8, generator=gen) for _ in range(2)]
+    base.append(F.logsigmoid(torch.randn(5, 16, 8, generator=gen)).cumsum(-2))
+    weights = [torch.randn(5, 16, 16, generator=gen) for _ in range(2)]
+    monkeypatch.setattr(kda, "_groups", lambda m, per_item: [slice(i, min(i + 2, m)) for i in range(0, m, 2)])
+    results = []
+    for budget in (1 << 23, 0):
+        monkeypatch.setattr(kda, "_KEEP_BUDGET", budget)
+        inputs = [t.clone().requires_grad_() for t in base]
+        kk, qk = _DiagBlockScores.apply(*inputs)
+        ((kk * weights[0]).sum() + (qk * weights[1]).sum()).backward()
+        results.append([kk.detach(), qk.detach(), *(t.grad for t in inputs)])
+    assert all(torch.equal(a, b) for a, b in zip(*results, strict=True))
+
+
 def test_no_final_state_unless_requested():
     q, k, v, g, beta, _ = make_inputs(T=5, dtype=torch.float32)
     for fn in (chunk_kda, fused_recurrent_kda, naive_recurrent_kda):

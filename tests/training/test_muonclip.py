@@ -86,6 +86,28 @@ def test_two_steps_equal_torch_muon(monkeypatch, nesterov):
         assert (a - c).abs().max() < 0.05 * step
 
 
+def test_same_shape_matrices_orthogonalised_together_equal_one_at_a_time():
+    """MuonClip runs one batched Newton-Schulz per shape: three same-shape matrices in one model get the updates
+    each gets alone."""
+    torch.manual_seed(0)
+    layers = [nn.Linear(24, 40, bias=False) for _ in range(3)]
+    grads = [[torch.randn(40, 24) for _ in layers] for _ in range(2)]
+
+    def run(params, which):
+        opt = MuonClip(nn.ParameterList(params), lr=0.02, weight_decay=0.1)
+        for gs in grads:
+            for p, g in zip(params, [gs[i] for i in which], strict=True):
+                p.grad = g.clone()
+            opt.step()
+        return [p.detach() for p in params]
+
+    together = run([nn.Parameter(layer.weight.detach().clone()) for layer in layers], [0, 1, 2])
+    for i, layer in enumerate(layers):
+        alone = run([nn.Parameter(layer.weight.detach().clone())], [i])[0]
+        assert not torch.equal(alone, layer.weight)
+        torch.testing.assert_close(together[i], alone, rtol=1e-6, atol=1e-7)
+
+
 def test_adamw_group_equals_torch_adamw():
     torch.manual_seed(0)
     ref = nn.LayerNorm(16)
