@@ -74,10 +74,10 @@ def test_fused_recurrent_matches_naive_float64():
         assert (out[name] - ref[name]).abs().max().item() < 1e-10, name
 
 
+@pytest.mark.parametrize("offsets", [[0, 15, 100, 170], [0, 15, 200, 200, 270]])  # 1, 2, 2 / 1, 3, 0, 2 chunks
 @pytest.mark.parametrize("fn", [chunk_kda, naive_recurrent_kda, fused_recurrent_kda])
-def test_varlen_equals_separate_calls(fn):
-    offsets = [0, 15, 100, 170]
-    inputs = make_inputs(B=1, T=170, H=2, Dk=32, Dv=40, n_state=3)
+def test_varlen_equals_separate_calls(fn, offsets):
+    inputs = make_inputs(B=1, T=offsets[-1], H=2, Dk=32, Dv=40, n_state=len(offsets) - 1)
     packed = run(fn, inputs, cu_seqlens=torch.tensor(offsets, dtype=torch.int32))
     q, k, v, g, beta, h0 = (x.detach().requires_grad_() for x in inputs)
     outs, finals = [], []
