@@ -86,9 +86,11 @@ def test_two_steps_equal_torch_muon(monkeypatch, nesterov):
         assert (a - c).abs().max() < 0.05 * step
 
 
-def test_same_shape_matrices_orthogonalised_together_equal_one_at_a_time():
-    """MuonClip runs one batched Newton-Schulz per shape: three same-shape matrices in one model get the updates
+@pytest.mark.parametrize("batch_elements", [1 << 22, 2 * 40 * 24])  # one batch of 3; batches of 2 and 1
+def test_same_shape_matrices_orthogonalised_together_equal_one_at_a_time(monkeypatch, batch_elements):
+    """MuonClip runs batched Newton-Schulz over same-shape matrices: three of them in one model get the updates
     each gets alone."""
+    monkeypatch.setattr(muonclip_mod, "NS_BATCH_ELEMENTS", batch_elements)
     torch.manual_seed(0)
     layers = [nn.Linear(24, 40, bias=False) for _ in range(3)]
     grads = [[torch.randn(40, 24) for _ in layers] for _ in range(2)]
