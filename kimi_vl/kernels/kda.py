@@ -377,7 +377,7 @@ class _DiagBlockScores(torch.autograd.Function):
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, G: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx.save_for_backward(q, k, G)
         m, S, D = k.shape
-        keep = m * S * S * D <= _KEEP_BUDGET
+        keep = any(ctx.needs_input_grad) and m * S * S * D <= _KEEP_BUDGET  # nothing to keep for inference
         ctx.kept = []
         out = k.new_empty(m, S, S, 2)
         for sl in _groups(m, S * S * D):
