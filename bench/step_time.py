@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 def worker(stage: str, steps: int, at: int) -> dict:
     """One side's run in this process: seconds per step, losses and a hash of the final parameters."""
     import torch
+    from data_workers import Shifted  # this script's folder: bench/
 
     import kimi_vl
     from kimi_vl.data.config import pretrain_data, sft_data
@@ -36,20 +37,13 @@ def worker(stage: str, steps: int, at: int) -> dict:
     from kimi_vl.training.stages import build_model, build_processor
     from kimi_vl.training.trainer import Trainer
 
-    class Shifted:  # batch i here is batch i + at of the stage's stream
-        def __init__(self, stream) -> None:
-            self.stream = stream
-
-        def batch(self, index: int):
-            return self.stream.batch(index + at)
-
     cfg = resolve(stage, "tiny", {"progress": False, "val_every": 0, "checkpoint_every": 10 ** 9, "steps": steps})
     processor = build_processor(cfg.data, None, 0)
     data = (pretrain_data if stage == "pretrain" else sft_data)(cfg.data, processor, 0)[0]
     torch.manual_seed(0)
     model = build_model(get_preset("tiny"), processor)
     with tempfile.TemporaryDirectory() as out:
-        Trainer(model, Shifted(data), cfg.train, out).train()
+        Trainer(model, Shifted(data, at), cfg.train, out).train()
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     params = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
     return {"package": str(Path(kimi_vl.__file__).parent), "step_time": statistics.median(

@@ -60,6 +60,7 @@ def causal_conv1d(
     if tail is not None and tuple(tail.shape) != (n_seq, D, K - 1):
         raise ShapeError(f"tail {tuple(tail.shape)} must be [N, D, K-1] = {(n_seq, D, K - 1)}")
     w = weight.to(x.dtype)
+    given_tail = tail is not None
     if tail is None:
         tail = x.new_zeros(n_seq, D, K - 1)
     else:
@@ -90,11 +91,13 @@ def causal_conv1d(
             return torch.tensor(positions, dtype=torch.long, device=x.device)
 
         window = x.new_zeros(pos, D).index_copy(0, index(x_pos), x[0])
-        window = window.index_copy(0, index(tail_in), tail.transpose(1, 2).reshape(n_seq * (K - 1), D))
+        if given_tail:
+            window = window.index_copy(0, index(tail_in), tail.transpose(1, 2).reshape(n_seq * (K - 1), D))
         window = window.t().unsqueeze(0)
         y = window[..., :0] if T == 0 else F.conv1d(window, w.unsqueeze(1), groups=D)
         y = y.index_select(-1, index(out_pos))
-        new_tail = window[0].index_select(-1, index(tail_pos)).reshape(D, n_seq, K - 1).transpose(0, 1)
+        if output_tail:
+            new_tail = window[0].index_select(-1, index(tail_pos)).reshape(D, n_seq, K - 1).transpose(0, 1)
     y = y.transpose(1, 2)
     if activation == "silu":
         y = F.silu(y)
