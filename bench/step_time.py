@@ -4,8 +4,8 @@ The `tiny` preset's own pre-training or SFT (its stream, model, MuonClip and `Tr
 index `--at`, run by this checkout's `kimi_vl` and by `--against`'s (extracted with `git archive` into a temporary
 folder), one fresh process at a time, alternating, `--rounds` times each. Prints each side's seconds per step (median
 [min, max] over the rounds; one round's figure is the median of its steps' `step_time`, after 2 warm-up steps), the
-ratio, and whether the two sides' losses and final parameters are bit-identical (a speed-up that keeps them so leaves
-every measured figure of a run valid on the machine that measured it).
+ratio, and whether the two sides' losses are bit-identical at every step (a speed-up that keeps them so leaves every
+measured figure of a run valid on the machine that measured it).
 
     python bench/step_time.py --against HEAD~3 --stage pretrain --rounds 5 --steps 40 --at 500
 """
@@ -13,7 +13,6 @@ every measured figure of a run valid on the machine that measured it).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import statistics
@@ -26,28 +25,19 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def worker(stage: str, steps: int, at: int) -> dict:
-    """One side's run in this process: seconds per step, losses and a hash of the final parameters."""
-    import torch
-    from data_workers import Shifted  # this script's folder: bench/
+    """One side's run in this process (`data_workers.timed_run`, no loader process): seconds per step, losses."""
+    from data_workers import Shifted, timed_run  # this script's folder: bench/
 
     import kimi_vl
     from kimi_vl.data.config import pretrain_data, sft_data
     from kimi_vl.training.config import resolve
-    from kimi_vl.training.presets import get_preset
-    from kimi_vl.training.stages import build_model, build_processor
-    from kimi_vl.training.trainer import Trainer
+    from kimi_vl.training.stages import build_processor
 
-    cfg = resolve(stage, "tiny", {"progress": False, "val_every": 0, "checkpoint_every": 10 ** 9, "steps": steps})
-    processor = build_processor(cfg.data, None, 0)
-    data = (pretrain_data if stage == "pretrain" else sft_data)(cfg.data, processor, 0)[0]
-    torch.manual_seed(0)
-    model = build_model(get_preset("tiny"), processor)
-    with tempfile.TemporaryDirectory() as out:
-        Trainer(model, Shifted(data, at), cfg.train, out).train()
-        records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    params = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in model.parameters())).hexdigest()
-    return {"package": str(Path(kimi_vl.__file__).parent), "step_time": statistics.median(
-        r["step_time"] for r in records[2:]), "losses": [r["loss"] for r in records], "params": params}
+    processor = build_processor(resolve("pretrain", "tiny", {}, seed=0).data, seed=0)
+    build = pretrain_data if stage == "pretrain" else sft_data
+    data = build(resolve(stage, "tiny", {}, seed=0).data, processor, 0)[0]
+    seconds, losses = timed_run(stage, Shifted(data, at), processor, steps, 0)
+    return {"package": str(Path(kimi_vl.__file__).parent), "step_time": seconds, "losses": losses}
 
 
 def run_side(root: Path, args: argparse.Namespace) -> dict:
@@ -91,10 +81,10 @@ def main() -> None:
     ratio = statistics.median(times["working tree"]) / statistics.median(times[args.against])
     print(f"working tree / {args.against}: {ratio:.3f} (the {args.stage} step takes {100 * (1 - ratio):.1f}% less "
           "time)")
-    a, b = results[args.against][0], results["working tree"][0]
-    same = a["losses"] == b["losses"] and a["params"] == b["params"]
-    print(f"losses and final parameters bit-identical: {same}" + ("" if same else
-          f" (largest loss difference {max(abs(x - y) for x, y in zip(a['losses'], b['losses'])):.3g})"))
+    a, b = results[args.against][0]["losses"], results["working tree"][0]["losses"]
+    same = a == b
+    print(f"losses of every step bit-identical: {same}" + ("" if same else
+          f" (largest difference {max(abs(x - y) for x, y in zip(a, b)):.3g})"))
 
 
 if __name__ == "__main__":

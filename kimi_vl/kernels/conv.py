@@ -60,11 +60,10 @@ def causal_conv1d(
     if tail is not None and tuple(tail.shape) != (n_seq, D, K - 1):
         raise ShapeError(f"tail {tuple(tail.shape)} must be [N, D, K-1] = {(n_seq, D, K - 1)}")
     w = weight.to(x.dtype)
-    given_tail = tail is not None
-    if tail is None:
-        tail = x.new_zeros(n_seq, D, K - 1)
-    else:
+    if tail is not None:
         tail = tail.to(x.dtype)
+    elif offsets is None:
+        tail = x.new_zeros(n_seq, D, K - 1)
 
     if offsets is None and T == 1:
         window = torch.cat([tail, x.transpose(1, 2)], -1)  # [B, D, K]
@@ -91,7 +90,7 @@ def causal_conv1d(
             return torch.tensor(positions, dtype=torch.long, device=x.device)
 
         window = x.new_zeros(pos, D).index_copy(0, index(x_pos), x[0])
-        if given_tail:
+        if tail is not None:  # else the zeros stay
             window = window.index_copy(0, index(tail_in), tail.transpose(1, 2).reshape(n_seq * (K - 1), D))
         window = window.t().unsqueeze(0)
         y = window[..., :0] if T == 0 else F.conv1d(window, w.unsqueeze(1), groups=D)

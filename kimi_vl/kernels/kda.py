@@ -398,7 +398,11 @@ class _DiagBlockScores(torch.autograd.Function):
         dq, dk, dG = torch.empty_like(q), torch.empty_like(k), torch.empty_like(G)
         for n, sl in enumerate(_groups(m, S * S * D)):
             k_j = k[sl].unsqueeze(-3)
-            E, k_decay = kept[n] if kept else (E := _pair_decay(G[sl]), E * k_j)
+            if kept:
+                E, k_decay = kept[n]
+            else:
+                E = _pair_decay(G[sl])
+                k_decay = E * k_j
             rows = dA[sl].transpose(-1, -2) @ k_decay  # [m, S(i), 2, D]: d/dk_i and d/dq_i
             R = (dA[sl] @ torch.stack([k[sl], q[sl]], -2)).mul_(E)  # [m, i, j, D]: sum_x dA_x[i,j] x_id E_ijd
             dk[sl] = rows[..., 0, :] + R.sum(-3)
