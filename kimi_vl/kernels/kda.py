@@ -13,7 +13,8 @@ Four implementations share this contract:
 * :func:`naive_recurrent_kda` - the readable token-by-token reference (works in float64).
 * :func:`naive_chunk_kda` - the readable chunked reference: the WY/UT algebra of the fast path, one chunk at a time.
 * :func:`fused_recurrent_kda` - a lean token loop vectorised over batch and heads, for decoding.
-* :func:`chunk_kda` - the chunked WY/UT-transform algorithm (chunk 64, sub-chunk 16) for prefill/training.
+* :func:`chunk_kda` - the chunked WY/UT-transform algorithm (sub-chunk 16; chunk 64 in the Triton kernels, 32 in
+  the torch path) for prefill/training.
 
 All compute in float32 (float64 inputs stay float64), return ``o`` in the dtype of ``q`` and the final
 state in the compute dtype.
@@ -43,6 +44,10 @@ from kimi_vl.errors import ConfigError, ShapeError
 CHUNK = 64
 SUB_CHUNK = 16
 L2_EPS = 1e-6
+# The torch path's chunk: each packed sequence is padded to whole chunks, and packed training documents are short
+# (about 70 tokens in the tiny preset's pre-training), so at 64 a third of the chunk work was padding; at 32 a
+# pre-training step takes 0.87x the time, and a dense 4096-token sequence the same time (`bench/kda.py`).
+TORCH_CHUNK = 32
 
 _Out = tuple[torch.Tensor, torch.Tensor | None]
 
@@ -506,7 +511,7 @@ def chunk_kda(
     use_qk_l2norm: bool = False,
     cu_seqlens: torch.Tensor | None = None,
 ) -> _Out:
-    """Chunked KDA (chunk 64, WY/UT transform); same contract as :func:`naive_recurrent_kda`, differentiable.
+    """Chunked KDA (WY/UT transform); same contract as :func:`naive_recurrent_kda`, differentiable.
 
     Args: q, k, g ``[B, T, H, Dk]`` (g = per-channel log decay <= 0); v ``[B, T, H, Dv]``; beta ``[B, T, H]``;
     scale (default ``Dk**-0.5``, applied after the optional L2 norm); initial_state ``[N, H, Dk, Dv]``;
@@ -552,7 +557,7 @@ def chunk_kda_torch(
     q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
-    C = CHUNK
+    C = TORCH_CHUNK
 
     if offsets is None:
         pad = (-T) % C

@@ -54,7 +54,7 @@ def pair(request, tmp_path_factory):
 
 def _padded_batch():
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 97, (3, 77), generator=g)  # 77: not a multiple of the 64-token chunk
+    ids = torch.randint(3, 97, (3, 77), generator=g)  # 77: not a multiple of a chunk (32 or 64 tokens)
     mask = torch.ones_like(ids)
     mask[1, :9] = 0  # left padding
     mask[2, :30] = 0
