@@ -46,7 +46,7 @@ SUB_CHUNK = 16
 L2_EPS = 1e-6
 # The torch path's chunk: each packed sequence is padded to whole chunks, and packed training documents are short
 # (about 70 tokens in the tiny preset's pre-training), so at 64 a third of the chunk work was padding; at 32 a
-# pre-training step takes 0.87x the time, and a dense 4096-token sequence the same time (`bench/kda.py`).
+# pre-training step takes 0.87-0.93x the time, and a dense 4096-token sequence the same time (`bench/kda.py`).
 TORCH_CHUNK = 32
 
 _Out = tuple[torch.Tensor, torch.Tensor | None]
