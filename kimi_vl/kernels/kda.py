@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from itertools import pairwise
+from itertools import accumulate, pairwise
 
 import torch
 import torch.nn.functional as F
@@ -457,14 +457,16 @@ def _chunk_core(
     v: torch.Tensor,
     g: torch.Tensor,
     beta: torch.Tensor,
-    segments: list[tuple[int, int]],
-    states: list[torch.Tensor],
-) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Chunked KDA on chunk-major tensors.
+    waves: list[int],
+    h0: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chunked KDA on chunk-major tensors, independent sequences advancing together.
 
-    q, k, g: ``[N, Z, C, Dk]``; v: ``[N, Z, C, Dv]``; beta: ``[N, Z, C]`` (N chunks, Z = rows of the state).
-    ``segments[i] = (first, end)`` chunk range of an independent sequence whose state starts at
-    ``states[i]`` ``[Z, Dk, Dv]``. Returns ``(o [N, Z, C, Dv], final state of each segment)``.
+    q, k, g: ``[N, Z, C, Dk]``; v: ``[N, Z, C, Dv]``; beta: ``[N, Z, C]`` (N chunks, Z = heads of the state).
+    The chunks are laid out wave by wave: with the sequences ordered by decreasing chunk count, wave ``w`` is the
+    next ``waves[w]`` chunks, chunk ``w`` of each of the first ``waves[w]`` sequences (those still running are
+    always a prefix). ``h0 [M, Z, Dk, Dv]``: the initial states of the M sequences in that order (a sequence with
+    no chunk keeps its own). Returns ``(o [N, Z, C, Dv], final states [M, Z, Dk, Dv])``.
     """
     N, Z, C, Dk = q.shape
     Dv = v.shape[-1]
@@ -477,25 +479,26 @@ def _chunk_core(
     UW = torch.linalg.solve_triangular(A_kk * beta.unsqueeze(-1), rhs, upper=False, unitriangular=True)
     U, W = UW.split([Dv, Dk], -1)
 
-    # One matmul per chunk yields both W S (the state's prediction) and (Q exp(G)) S (inter-chunk output).
+    # One matmul per wave yields both W S (the state's prediction) and (Q exp(G)) S (inter-chunk output).
     WQ = torch.cat([W, q * G_exp], -2)  # [N, Z, 2C, Dk]
     G_last = G[:, :, -1:]
     k_to_end = (k * (G_last - G).exp()).transpose(-1, -2)  # [N, Z, Dk, C]
     decay_end = G_last.exp().transpose(-1, -2)  # [N, Z, Dk, 1]
 
-    # unbind (not indexing) so backward stacks the per-chunk grads once instead of scattering into zeros.
-    WQ, U, k_to_end, decay_end = (t.unbind(0) for t in (WQ, U, k_to_end, decay_end))
-    v_new, o_inter, finals = [], [], []
-    for (first, end), S in zip(segments, states, strict=True):
-        for c in range(first, end):
-            proj = WQ[c] @ S
-            vn = U[c] - proj[:, :C]
-            v_new.append(vn)
-            o_inter.append(proj[:, C:])
-            S = torch.baddbmm(S * decay_end[c], k_to_end[c], vn)
-        finals.append(S)
-    o = torch.stack(o_inter) + A_qk @ torch.stack(v_new)
-    return o, finals
+    # split (not indexing) so backward concatenates the per-wave grads once instead of scattering into zeros.
+    WQ, U, k_to_end, decay_end = (t.split(waves) for t in (WQ, U, k_to_end, decay_end))
+    S, finals, v_new, o_inter = h0, [], [], []
+    for w, running in enumerate(waves):
+        S, ended = S.split([running, len(S) - running])
+        finals.append(ended)
+        proj = WQ[w] @ S
+        vn = U[w] - proj[..., :C, :]
+        v_new.append(vn)
+        o_inter.append(proj[..., C:, :])
+        S = S * decay_end[w] + k_to_end[w] @ vn
+    finals.append(S)
+    o = torch.cat(o_inter) + A_qk @ torch.cat(v_new)
+    return o, torch.cat(finals[::-1])
 
 
 def chunk_kda(
@@ -559,41 +562,45 @@ def chunk_kda_torch(
     Dv = v.shape[-1]
     C = TORCH_CHUNK
 
-    if offsets is None:
+    if offsets is None:  # B sequences of n chunks: n waves of B
         pad = (-T) % C
         n = (T + pad) // C
+        waves = [B] * n
 
-        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, *] -> [n, B*H, C, *]
+        def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [B, T, H, *] -> [n * B, H, C, *]
             x = F.pad(x, (0, 0) * (x.dim() - 3) + (0, 0, 0, pad))
-            return x.reshape(B, n, C, H, -1).permute(1, 0, 3, 2, 4).reshape(n, B * H, C, -1)
+            return x.reshape(B, n, C, H, -1).permute(1, 0, 3, 2, 4).reshape(n * B, H, C, -1)
 
-        segments = [(0, n)]
-        states = [q.new_zeros(B * H, Dk, Dv) if h0 is None else h0.reshape(B * H, Dk, Dv)]
+        h0 = q.new_zeros(B, H, Dk, Dv) if h0 is None else h0
     else:
-        # Each sequence is right-padded to a whole number of chunks; zero padding leaves its state unchanged.
-        # Tokens are copied to their padded positions (`dst`): the backward is a gather, not an accumulating scatter.
+        # Each sequence is right-padded to a whole number of chunks (zero padding leaves its state unchanged) and
+        # its chunk j is placed in wave j (see _chunk_core), sequences by decreasing length. Tokens are copied to
+        # their padded positions (`dst`): the backward is a gather, not an accumulating scatter.
         n_chunks = [-(-(b - a) // C) for a, b in pairwise(offsets)]
-        dst, segments, first = [], [], 0
-        for (a, b), m in zip(pairwise(offsets), n_chunks, strict=True):
-            dst += list(range(first * C, first * C + b - a))
-            segments.append((first, first + m))
-            first += m
-        n = first
+        order = sorted(range(len(n_chunks)), key=lambda i: -n_chunks[i])
+        rank = [0] * len(order)
+        for r, i in enumerate(order):
+            rank[i] = r
+        waves = [sum(m > w for m in n_chunks) for w in range(max(n_chunks))]
+        wave_start = [0, *accumulate(waves)]
+        dst = [(wave_start[p // C] + rank[i]) * C + p % C
+               for i, (a, b) in enumerate(pairwise(offsets)) for p in range(b - a)]
+        n = wave_start[-1]
         dst_idx = torch.tensor(dst, dtype=torch.long, device=q.device)
 
         def to_chunks(x: torch.Tensor) -> torch.Tensor:  # [1, T, H, *] -> [n, H, C, *]
             x = x.new_zeros(n * C, *x.shape[2:]).index_copy(0, dst_idx, x[0])
             return x.reshape(n, C, H, -1).transpose(1, 2)
 
-        states = [q.new_zeros(H, Dk, Dv) if h0 is None else h0[i] for i in range(len(segments))]
+        sorted_idx = torch.tensor(order, device=q.device)
+        h0 = q.new_zeros(len(order), H, Dk, Dv) if h0 is None else h0.index_select(0, sorted_idx)
 
     qc, kc, vc, gc = (to_chunks(t) for t in (q, k, v, g))
-    o, finals = _chunk_core(qc, kc, vc, gc, to_chunks(beta.unsqueeze(-1)).squeeze(-1), segments, states)
+    o, final = _chunk_core(qc, kc, vc, gc, to_chunks(beta.unsqueeze(-1)).squeeze(-1), waves, h0)
 
     if offsets is None:
         o = o.reshape(n, B, H, C, Dv).permute(1, 0, 3, 2, 4).reshape(B, n * C, H, Dv)[:, :T]
-        final = finals[0].reshape(B, H, Dk, Dv)
     else:
         o = o.transpose(1, 2).reshape(n * C, H, Dv).index_select(0, dst_idx).unsqueeze(0)
-        final = torch.stack(finals)
+        final = final.index_select(0, torch.tensor(rank, device=q.device))
     return o.to(out_dtype), final if output_final_state else None

@@ -92,8 +92,10 @@ def test_varlen_equals_separate_calls(fn, offsets):
     dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64)
     ((o * do).sum() + (ht * dht).sum()).backward()
     separate = dict(zip(NAMES, [o, ht, q.grad, k.grad, v.grad, g.grad, beta.grad, h0.grad], strict=True))
-    for name in NAMES:
-        assert (packed[name] - separate[name]).abs().max().item() < 1e-10, name
+    for name in NAMES:  # relative: these unnormalised inputs give values up to 1e13; the packed call batches
+        # the sequences' chunks together, so float64 sums may round in another order
+        err = (packed[name] - separate[name]).abs().max().item()
+        assert err <= 1e-13 * separate[name].abs().max().item(), (name, err)
 
 
 def test_hard_reset_stays_finite_and_forgets_the_past():
