@@ -8,12 +8,15 @@ accuracy is that of greedy answers (`skills.answer_accuracy`, 60 val items; chan
 values 1-20); `--max-patches` sets the image processor's patch budget (the preset's: 64). With
 `--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's. With
 `--swatch-steps n` the first n steps' image documents are one-colour images (the world's `swatch` task: "What color
-is the image?") instead: the curriculum of the tiny preset.
+is the image?") instead: the curriculum of the tiny preset. `--vision-hidden` and `--vision-layers` widen and deepen
+the vision tower (its MLP 2x the width; the preset's: 64 and 2).
 
     python bench/vision_ratio.py --ratio 0.6 --steps 300
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --vision-loss-weight 5
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --swatch-steps 100
     python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task count --max-patches 144
+    python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task chart_bar --vision-hidden 128 \
+        --vision-layers 4
 """
 
 from __future__ import annotations
@@ -57,8 +60,16 @@ def main() -> None:
     ap.add_argument("--task", choices=("color", "count", "chart_bar"), default="color",
                     help="the world's image task of the image documents after the swatch steps")
     ap.add_argument("--max-patches", type=int, default=None, help="patch budget per image (default: the preset's)")
+    ap.add_argument("--vision-hidden", type=int, default=None, help="vision tower width (default: the preset's)")
+    ap.add_argument("--vision-layers", type=int, default=None, help="vision tower depth (default: the preset's)")
     args = ap.parse_args()
     preset = get_preset("tiny")
+    vision = dict(preset.vision)
+    if args.vision_hidden:
+        vision.update(hidden_size=args.vision_hidden, intermediate_size=2 * args.vision_hidden)
+    if args.vision_layers:
+        vision.update(num_hidden_layers=args.vision_layers)
+    preset = dataclasses.replace(preset, vision=vision)
     data = preset.data["pretrain"]
     if args.max_patches:
         data = dataclasses.replace(data, image_max_patches=args.max_patches)
@@ -74,7 +85,8 @@ def main() -> None:
     t0 = time.perf_counter()
     print(f"task {args.task}, vision ratio {args.ratio}, lr {args.lr}, image-document loss weight "
           f"{args.vision_loss_weight}, {args.swatch_steps} swatch steps first, {processor.image_processor.max_patches} "
-          "patches per image")
+          f"patches per image, vision tower {vision['hidden_size']} wide and {vision['num_hidden_layers']} deep "
+          f"({sum(p.numel() for p in model.vision_tower.parameters()):,} parameters)")
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 20)
