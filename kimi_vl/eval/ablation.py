@@ -23,13 +23,14 @@ from .proxies import PROXY_EVAL_CONFIG
 from .runner import evaluate
 
 ARMS = {"text": ("text",), "text+vision": ("text", "vision")}
-ABLATION_SEEDS = 12
+ABLATION_SEEDS = 10
 """Default seeds: with the tiny preset's RL (lr 1e-4, 8 prompts per family) the per-seed deltas on the quickstart's
 SFT checkpoints have a standard deviation of about 2 points or less (text 2.1 and MathVista 1.9 on the earlier code's
-checkpoint over 24 seeds; 0.6 and 1.7 on the current code's over 12), so 12 seeds give 95% half-widths of at most
-about 1.3 points, within the 2 asked for, in about 11 min on 2 fast CPU cores and 29 min on the slowest 2-core
-machine measured (2.4 min a seed pair there); at the earlier RL, lr 2e-4 on 4 prompts, RL broke the text skill on
-one run in ten and even 24 seeds left the text delta 2.5 wide; docs/RESULTS.md)."""
+checkpoint over 24 seeds; 0.6 and 1.7 on the current code's over 12), so 10 seeds give 95% half-widths of at most
+about 1.5 points, within the 2 asked for (measured on the current checkpoint: 0.5 and 1.0), in about 9 min on 2 fast
+CPU cores and 25 min on the slowest 2-core machine measured (12 seeds took 30 min 23 s there); at the earlier RL,
+lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text delta 2.5 wide;
+docs/RESULTS.md)."""
 
 # Two-sided 95% Student t quantiles by degrees of freedom (df > 30: normal approximation).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
