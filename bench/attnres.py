@@ -63,5 +63,6 @@ def main() -> None:
           f"{summary('block_attnres', 'time')} (target <= 1.10x), memory {summary('block_attnres', 'peak')}; "
           f"full attnres/standard: time {summary('attnres', 'time')}, memory {summary('attnres', 'peak')}")
 
+
 if __name__ == "__main__":
     main()
