@@ -3,9 +3,10 @@
 Joint pre-training from scratch (the `tiny` preset's model and tokenizer, MuonClip, 4 x 256-token batches) where
 every image document is a one-shape colour question in chat form and every text document an arithmetic sample.
 Every `--every` steps it prints the colour accuracy (teacher-forced, `skills.colour_accuracy`; chance 10%). With
-`--task count` (or `chart_bar`) the image documents are the world's counting (bar-value) questions instead and the
-accuracy is that of greedy answers (`skills.answer_accuracy`, 60 val items; chance 1/6 for counts 1-6, 1/20 for bar
-values 1-20); `--max-patches` sets the image processor's patch budget (the preset's: 64). With
+`--task count` (or `chart_bar`, `ocr`) the image documents are the world's counting (bar-value, printed-word)
+questions instead and the accuracy is that of greedy answers (`skills.answer_accuracy`, 60 val items; chance 1/6 for
+counts 1-6, 1/20 for bar values 1-20, about 2% for `ocr`'s one or two printed capital words of 40, font size 12-22);
+`--max-patches` sets the image processor's patch budget (the preset's: 64). With
 `--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's. With
 `--swatch-steps n` the first n steps' image documents are one-colour images (the world's `swatch` task: "What color
 is the image?") instead: the curriculum of the tiny preset. `--vision-hidden` and `--vision-layers` widen and deepen
@@ -57,7 +58,7 @@ def main() -> None:
     ap.add_argument("--vision-loss-weight", type=float, default=1.0)
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--swatch-steps", type=int, default=0, help="first steps whose images are one-colour swatches")
-    ap.add_argument("--task", choices=("color", "count", "chart_bar"), default="color",
+    ap.add_argument("--task", choices=("color", "count", "chart_bar", "ocr"), default="color",
                     help="the world's image task of the image documents after the swatch steps")
     ap.add_argument("--max-patches", type=int, default=None, help="patch budget per image (default: the preset's)")
     ap.add_argument("--vision-hidden", type=int, default=None, help="vision tower width (default: the preset's)")
