@@ -8,8 +8,8 @@ same optimiser (AdamW, lr `--lr`, batches of 32) and steps for each classifier:
   max-pooled per image, a linear head;
 - `tower, position table std 0.02`: the same with the learned position table initialised at std 0.02 instead of 1
   (the released MoonViT's from-scratch init), in case it drowns the patches;
-- `patch MLP`: the processor's 14 x 14 patches through a 2-layer MLP (width 512), pooled the same way: what
-  a tower can read from a bag of patches;
+- `patch MLP`: the processor's patches (14 x 14, or `--patch-size`) through a 2-layer MLP (width 512), pooled the
+  same way: what a tower can read from a bag of patches;
 - `CNN`: three 3 x 3 convolutions (32, 64, 64 channels, two 2 x 2 max-pools), global max-pool, linear head, on the
   images themselves (59K parameters, half the tower's).
 
@@ -17,11 +17,13 @@ Prints the training loss and validation accuracy every `--every` steps (chance 2
 
     python bench/ocr_tower.py --steps 600
     python bench/ocr_tower.py --steps 3000 --every 600 --classifiers tower
+    python bench/ocr_tower.py --classifiers tower --patch-size 7 --max-patches 256   # 7 x 7 patches, same pixels
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 from collections.abc import Callable
 
@@ -32,6 +34,7 @@ import torch.nn as nn
 from kimi_vl.data.world import _OCR_WORDS, Sample, make_samples
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor
+from kimi_vl.vision import MoonViTImageProcessor
 
 WORDS = list(_OCR_WORDS)
 
@@ -47,7 +50,9 @@ def pooled(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
 
 def tower_classifier(processor, pos_std: float | None) -> tuple[Callable, list[nn.Parameter]]:
     torch.manual_seed(0)
-    tower = build_model(get_preset("tiny"), processor).vision_tower
+    preset = get_preset("tiny")
+    preset = dataclasses.replace(preset, vision={**preset.vision, "patch_size": processor.image_processor.patch_size})
+    tower = build_model(preset, processor).vision_tower
     if pos_std is not None:
         nn.init.normal_(tower.patch_embed.pos_emb, std=pos_std)
     head = nn.Linear(2 * tower.config.hidden_size, len(WORDS))
@@ -121,12 +126,17 @@ def main() -> None:
     ap.add_argument("--classifiers", nargs="+", choices=("tower", "tower-pos", "patch-mlp", "cnn"),
                     default=["tower", "tower-pos", "patch-mlp", "cnn"],
                     help="which to train (tower-pos: the tower with its position table at std 0.02)")
+    ap.add_argument("--patch-size", type=int, default=14, help="the towers' and the patch MLP's patch side")
+    ap.add_argument("--max-patches", type=int, default=None, help="patch budget per image (default: the preset's)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     processor = build_processor(get_preset("tiny").data["pretrain"])
+    processor.image_processor = MoonViTImageProcessor(
+        max_patches=args.max_patches or processor.image_processor.max_patches, patch_size=args.patch_size)
     data = (single_words("train", 6000, 1), single_words("val", 600, 2))
     print(f"{len(data[0])} training and {len(data[1])} validation images, {len(WORDS)} words, "
-          f"{processor.image_processor.max_patches} patches per image at most\n")
+          f"{processor.image_processor.max_patches} patches of {args.patch_size} x {args.patch_size} per image at "
+          "most\n")
     builders = {"tower": ("tower", lambda: tower_classifier(processor, None)),
                 "tower-pos": ("tower, position table std 0.02", lambda: tower_classifier(processor, 0.02)),
                 "patch-mlp": ("patch MLP", lambda: patch_mlp_classifier(processor)),
