@@ -40,7 +40,7 @@ from kimi_vl.data.world import COLORS, make_samples
 from kimi_vl.demos.video2web import build_prompt
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
-from kimi_vl.training.rewards import extract_answer, extract_number, normalise_text
+from kimi_vl.training.rewards import extract_number, ocr_reward
 
 
 def _next_token(model, processor, text: str, image=None) -> str:
@@ -104,7 +104,7 @@ def answer_accuracy(model, processor, task: str, split: str, n: int = 60) -> flo
             out = model.generate(**inputs, max_new_tokens=24, do_sample=False)
         reply = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
         if task == "ocr":
-            right += normalise_text(extract_answer(reply)) == normalise_text(s.answer)
+            right += ocr_reward(reply, s.answer) == 1.0  # the normalised texts are equal
         else:
             right += extract_number(reply) == float(s.answer)
     return right / n
