@@ -2,7 +2,7 @@
 
 The single-word items of the world's `ocr` task (one printed capital word of 40, font size 12-22, on a plain
 background: 4,068 training images of 6,000 draws, 407 validation images of 600) as a 40-way classification, with the
-same optimiser (AdamW, lr `--lr`, batches of 32) and steps for each classifier:
+same optimiser (AdamW, or `--optimizer muonclip`; lr `--lr`; batches of 32) and steps for each classifier:
 
 - `tower`: the `tiny` preset's MoonViT-3D tower (as initialised for pre-training), its output patches mean- and
   max-pooled per image, a linear head;
@@ -18,6 +18,7 @@ Prints the training loss and validation accuracy every `--every` steps (chance 2
     python bench/ocr_tower.py --steps 600
     python bench/ocr_tower.py --steps 3000 --every 600 --classifiers tower
     python bench/ocr_tower.py --classifiers tower --patch-size 7 --max-patches 256   # 7 x 7 patches, same pixels
+    python bench/ocr_tower.py --classifiers tower --optimizer muonclip --lr 3e-3       # as the quickstart trains it
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch
 import torch.nn as nn
 
 from kimi_vl.data.world import _OCR_WORDS, Sample, make_samples
+from kimi_vl.training.muonclip import MuonClip
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor
 from kimi_vl.vision import MoonViTImageProcessor
@@ -48,7 +50,7 @@ def pooled(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
     return torch.stack([torch.cat([c.mean(0), c.amax(0)]) for c in x.split(sizes)])
 
 
-def tower_classifier(processor, pos_std: float | None) -> tuple[Callable, list[nn.Parameter]]:
+def tower_classifier(processor, pos_std: float | None) -> tuple[Callable, nn.Module]:
     torch.manual_seed(0)
     preset = get_preset("tiny")
     preset = dataclasses.replace(preset, vision={**preset.vision, "patch_size": processor.image_processor.patch_size})
@@ -61,10 +63,10 @@ def tower_classifier(processor, pos_std: float | None) -> tuple[Callable, list[n
         inputs = processor.image_processor([s.image for s in items], return_tensors="pt")
         x = tower(inputs["pixel_values"], inputs["image_grid_thw"]).last_hidden_state
         return head(pooled(x, inputs["image_grid_thw"].prod(-1).tolist()))
-    return logits, [*tower.parameters(), *head.parameters()]
+    return logits, nn.ModuleDict({"tower": tower, "head": head})
 
 
-def patch_mlp_classifier(processor, width: int = 512) -> tuple[Callable, list[nn.Parameter]]:
+def patch_mlp_classifier(processor, width: int = 512) -> tuple[Callable, nn.Module]:
     torch.manual_seed(0)
     p = processor.image_processor.patch_size
     mlp = nn.Sequential(nn.Flatten(), nn.Linear(3 * p * p, width), nn.GELU(), nn.Linear(width, width), nn.GELU())
@@ -73,10 +75,10 @@ def patch_mlp_classifier(processor, width: int = 512) -> tuple[Callable, list[nn
     def logits(items: list[Sample]) -> torch.Tensor:
         inputs = processor.image_processor([s.image for s in items], return_tensors="pt")
         return head(pooled(mlp(inputs["pixel_values"]), inputs["image_grid_thw"].prod(-1).tolist()))
-    return logits, [*mlp.parameters(), *head.parameters()]
+    return logits, nn.ModuleDict({"mlp": mlp, "head": head})
 
 
-def cnn_classifier() -> tuple[Callable, list[nn.Parameter]]:
+def cnn_classifier() -> tuple[Callable, nn.Module]:
     torch.manual_seed(0)
     net = nn.Sequential(nn.Conv2d(3, 32, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
                         nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
@@ -90,18 +92,18 @@ def cnn_classifier() -> tuple[Callable, list[nn.Parameter]]:
             a = torch.from_numpy(np.asarray(s.image.convert("RGB"), dtype=np.float32) / 127.5 - 1).permute(2, 0, 1)
             x[i, :, :a.shape[1], :a.shape[2]] = a
         return net(x)
-    return logits, list(net.parameters())
+    return logits, net
 
 
 def labels(items: list[Sample]) -> torch.Tensor:
     return torch.tensor([WORDS.index(s.answer) for s in items])
 
 
-def train(name: str, logits: Callable, params: list[nn.Parameter], data: tuple[list, list],
-          args: argparse.Namespace) -> None:
+def train(name: str, logits: Callable, module: nn.Module, data: tuple[list, list], args: argparse.Namespace) -> None:
     train_items, val_items = data
-    print(f"{name} ({sum(p.numel() for p in params):,} parameters)", flush=True)
-    optimizer = torch.optim.AdamW(params, lr=args.lr)
+    print(f"{name} ({sum(p.numel() for p in module.parameters()):,} parameters)", flush=True)
+    optimizer = (MuonClip(module, args.lr, weight_decay=0.0, qk_clip_tau=None) if args.optimizer == "muonclip"
+                 else torch.optim.AdamW(module.parameters(), lr=args.lr))
     t0 = time.perf_counter()
     for step in range(1, args.steps + 1):
         batch = [train_items[(step * 32 + j) % len(train_items)] for j in range(32)]
@@ -122,6 +124,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--every", type=int, default=100)
     ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--optimizer", choices=("adamw", "muonclip"), default="adamw",
+                    help="muonclip: the quickstart's optimiser (Muon on the matrices, no QK-Clip here)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--classifiers", nargs="+", choices=("tower", "tower-pos", "patch-mlp", "cnn"),
                     default=["tower", "tower-pos", "patch-mlp", "cnn"],
