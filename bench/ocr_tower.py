@@ -1,8 +1,9 @@
 """Is it the vision tower that does not read print? Word classification on the world's `ocr` images, no language model.
 
 The single-word items of the world's `ocr` task (one printed capital word of 40, font size 12-22, on a plain
-background: 4,068 training images of 6,000 draws, 407 validation images of 600) as a 40-way classification, with the
-same optimiser (AdamW, or `--optimizer muonclip`; lr `--lr`; batches of 32) and steps for each classifier:
+background: 4,068 training images of 6,000 draws, or of `--draws`; 407 validation images of 600) as a 40-way
+classification, with the same optimiser (AdamW, or `--optimizer muonclip`; lr `--lr`; batches of 32) and steps for
+each classifier:
 
 - `tower`: the `tiny` preset's MoonViT-3D tower (as initialised for pre-training), its output patches mean- and
   max-pooled per image, a linear head;
@@ -127,6 +128,8 @@ def main() -> None:
     ap.add_argument("--optimizer", choices=("adamw", "muonclip"), default="adamw",
                     help="muonclip: the quickstart's optimiser (Muon on the matrices, no QK-Clip here)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--draws", type=int, default=6000,
+                    help="training draws of the ocr task (about two thirds are single words and kept)")
     ap.add_argument("--classifiers", nargs="+", choices=("tower", "tower-pos", "patch-mlp", "cnn"),
                     default=["tower", "tower-pos", "patch-mlp", "cnn"],
                     help="which to train (tower-pos: the tower with its position table at std 0.02)")
@@ -137,7 +140,7 @@ def main() -> None:
     processor = build_processor(get_preset("tiny").data["pretrain"])
     processor.image_processor = MoonViTImageProcessor(
         max_patches=args.max_patches or processor.image_processor.max_patches, patch_size=args.patch_size)
-    data = (single_words("train", 6000, 1), single_words("val", 600, 2))
+    data = (single_words("train", args.draws, 1), single_words("val", 600, 2))
     print(f"{len(data[0])} training and {len(data[1])} validation images, {len(WORDS)} words, "
           f"{processor.image_processor.max_patches} patches of {args.patch_size} x {args.patch_size} per image at "
           "most\n")
