@@ -43,9 +43,9 @@ def kimi_linear_pair(text: dict, root: str):
     return theirs, KimiTextForCausalLM.from_pretrained(f"{root}/ours").eval()
 
 
-def spread(values: list[float], unit: str = "") -> str:
+def spread(values: list[float], unit: str = "", digits: int = 2) -> str:
     """`median<unit> [min, max]` of repeated measurements, for the interleaved benchmarks."""
-    return f"{statistics.median(values):.2f}{unit} [{min(values):.2f}, {max(values):.2f}]"
+    return f"{statistics.median(values):.{digits}f}{unit} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
 
 
 def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> float:

@@ -28,6 +28,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import spread  # this script's folder: bench/
+
 SIDES = {  # name: (how the processes run, threads per process, rows per process)
     "1 process x 2 threads, 4 rows": ("alone", 2, 4),
     "DDP: 2 processes x 1 thread, 2 rows each": ("ddp", 1, 2),
@@ -67,10 +69,6 @@ def step_time(mode: str, threads: int, rows: int, args: argparse.Namespace) -> f
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def spread(values: list[float], digits: int) -> str:
-    return f"{statistics.median(values):.{digits}f} [{min(values):.{digits}f}, {max(values):.{digits}f}]"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
@@ -89,9 +87,9 @@ def main() -> None:
     print(f"\nseconds per step (median [min, max] over {args.rounds} rounds, {args.steps} steps each, "
           f"{args.warmup} left out):")
     for name, t in times.items():
-        print(f"  {name}: {spread(t, 3)}")
+        print(f"  {name}: {spread(t, digits=3)}")
     base, ddp = list(times.values())[:2]
-    print(f"DDP / one process: {spread([d / b for d, b in zip(ddp, base)], 2)}x")
+    print(f"DDP / one process: {spread([d / b for d, b in zip(ddp, base)], 'x')}")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ from kimi_vl.data.world import COLORS, make_samples
 from kimi_vl.demos.video2web import build_prompt
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.proxies import mmlu_pro_synth
-from kimi_vl.training.rewards import extract_number, ocr_reward
+from kimi_vl.training.rewards import reward
 
 
 def _next_token(model, processor, text: str, image=None) -> str:
@@ -95,18 +95,15 @@ def colour_accuracy(model, processor, split: str = "val", n: int = 100, task: st
 
 
 def answer_accuracy(model, processor, task: str, split: str, n: int = 60) -> float:
-    """Greedy replies to `n` world `task` questions: is the number after "The answer is" the truth (for `ocr`, the
-    text, case and spacing normalised)?"""
+    """Greedy replies to `n` world `task` questions: does the world's verifier (`rewards.reward`) give full reward,
+    i.e. is the number (for `ocr`, the normalised text) after "The answer is" the truth?"""
     right = 0
     for s in make_samples((task,), n, seed=778, split=split):
         inputs = processor(text=_chat_prompt(processor, s.question), images=[s.image], return_tensors="pt")
         with torch.no_grad():
             out = model.generate(**inputs, max_new_tokens=24, do_sample=False)
         reply = processor.tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True)
-        if task == "ocr":
-            right += ocr_reward(reply, s.answer) == 1.0  # the normalised texts are equal
-        else:
-            right += extract_number(reply) == float(s.answer)
+        right += reward(s, reply) == 1.0
     return right / n
 
 
