@@ -10,7 +10,9 @@ counts 1-6, 1/20 for bar values 1-20, about 2% for `ocr`'s one or two printed ca
 `--vision-loss-weight w` the loss of the image documents' tokens is weighted `w` times the text's. With
 `--swatch-steps n` the first n steps' image documents are one-colour images (the world's `swatch` task: "What color
 is the image?") instead: the curriculum of the tiny preset. `--vision-hidden` and `--vision-layers` widen and deepen
-the vision tower (its MLP 2x the width; the preset's: 64 and 2).
+the vision tower (its MLP 2x the width; the preset's: 64 and 2). `--tower PATH` starts from a vision tower trained
+beforehand (`bench/ocr_tower.py --save PATH`, the preset's tower shape), as K2.5 trains its ViT before joint
+pre-training; `--freeze-tower` keeps the tower's weights fixed (only the projector and the language model learn).
 
     python bench/vision_ratio.py --ratio 0.6 --steps 300
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --vision-loss-weight 5
@@ -18,6 +20,9 @@ the vision tower (its MLP 2x the width; the preset's: 64 and 2).
     python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task count --max-patches 144
     python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task chart_bar --vision-hidden 128 \
         --vision-layers 4
+    python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task ocr --tower runs/ocr/tower.pt
+    python bench/vision_ratio.py --ratio 0.6 --steps 600 --swatch-steps 50 --task ocr --tower runs/ocr/tower.pt \
+        --freeze-tower
 """
 
 from __future__ import annotations
@@ -63,6 +68,8 @@ def main() -> None:
     ap.add_argument("--max-patches", type=int, default=None, help="patch budget per image (default: the preset's)")
     ap.add_argument("--vision-hidden", type=int, default=None, help="vision tower width (default: the preset's)")
     ap.add_argument("--vision-layers", type=int, default=None, help="vision tower depth (default: the preset's)")
+    ap.add_argument("--tower", default=None, help="vision tower weights to start from (bench/ocr_tower.py --save)")
+    ap.add_argument("--freeze-tower", action="store_true", help="train the projector and language model only")
     args = ap.parse_args()
     preset = get_preset("tiny")
     vision = dict(preset.vision)
@@ -77,6 +84,9 @@ def main() -> None:
     processor = build_processor(data)
     torch.manual_seed(0)
     model = build_model(preset, processor)
+    if args.tower:
+        model.vision_tower.load_state_dict(torch.load(args.tower, weights_only=True))
+    model.vision_tower.requires_grad_(not args.freeze_tower)
     streams = {task: embedded_pretrain_stream(processor, seed=0, seq_len=data.seq_len, rows=data.rows,
                                               vision_ratio=args.ratio, chat_fraction=1.0, video_fraction=0.0,
                                               code_fraction=0.0, text_tasks={"arithmetic": 1.0},
@@ -87,7 +97,8 @@ def main() -> None:
     print(f"task {args.task}, vision ratio {args.ratio}, lr {args.lr}, image-document loss weight "
           f"{args.vision_loss_weight}, {args.swatch_steps} swatch steps first, {processor.image_processor.max_patches} "
           f"patches per image, vision tower {vision['hidden_size']} wide and {vision['num_hidden_layers']} deep "
-          f"({sum(p.numel() for p in model.vision_tower.parameters()):,} parameters)")
+          f"({sum(p.numel() for p in model.vision_tower.parameters()):,} parameters"
+          f"{', from ' + args.tower if args.tower else ''}{', frozen' if args.freeze_tower else ''})")
     for step in range(args.steps):
         for group in optimizer.param_groups:
             group["lr"] = args.lr * min(1.0, (step + 1) / 20)
