@@ -106,16 +106,18 @@ class Task:
     scored: Callable[[torch.Tensor], torch.Tensor]
 
 
+BAR_SLOTS, BAR_VALUES = 5, 20
+
+
 def bar_targets(items: list[Sample], labels: bool) -> torch.Tensor:
     """`[B, BAR_SLOTS]`: each bar's value (1-20), left to right, 0 where there is no bar; with `labels`, then as many
     slots for the bars' labels (1 + the town's index in `TOWNS`): `[B, 2 * BAR_SLOTS]`."""
-    pad = [0] * BAR_SLOTS
-    return torch.tensor([(s.meta["values"] + pad)[:BAR_SLOTS]
-                         + (([TOWNS.index(t) + 1 for t in s.meta["labels"]] + pad)[:BAR_SLOTS] if labels else [])
-                         for s in items])
+    def slots(xs: list[int]) -> list[int]:
+        return (xs + [0] * BAR_SLOTS)[:BAR_SLOTS]
+    return torch.tensor([slots(s.meta["values"]) + (slots([TOWNS.index(t) + 1 for t in s.meta["labels"]])
+                                                    if labels else []) for s in items])
 
 
-BAR_SLOTS, BAR_VALUES = 5, 20
 TASKS = {
     "ocr": Task(single_words, lambda items: torch.tensor([[WORDS.index(s.answer)] for s in items]),
                 lambda d: PooledHead(d, len(WORDS)), ("words",), lambda t: torch.ones_like(t, dtype=torch.bool)),

@@ -12,7 +12,8 @@ counts 1-6, 1/20 for bar values 1-20, about 2% for `ocr`'s one or two printed ca
 is the image?") instead: the curriculum of the tiny preset. `--vision-hidden` and `--vision-layers` widen and deepen
 the vision tower (its MLP 2x the width; the preset's: 64 and 2). `--tower PATH` starts from a vision tower trained
 beforehand (`bench/ocr_tower.py --save PATH`, the preset's tower shape), as K2.5 trains its ViT before joint
-pre-training; `--freeze-tower` keeps the tower's weights fixed (only the projector and the language model learn).
+pre-training; `--freeze-tower` keeps the tower's weights fixed (only the projector and the language model learn;
+without `--tower` it holds the untrained tower fixed: the control).
 
     python bench/vision_ratio.py --ratio 0.6 --steps 300
     python bench/vision_ratio.py --ratio 0.1 --steps 250 --vision-loss-weight 5
