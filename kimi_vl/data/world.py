@@ -32,14 +32,15 @@ Tasks (`Sample.task`):
 | screencast  | video | Write the HTML of this web page.                     | the page HTML  | html        |
 | page_color  | video | What color is the header of this web page?           | navy           | ocr         |
 
-Splits: every sample is an item with a key (`item_key`: the wording of a question with its entity, an expression,
-a unit conversion, a chart's labels and values, a rectangle's sides, a page, or an image's pixels); a hash of the key
-puts 15% of the items in the held-out `eval` split, 10% in `val` and the rest in `train` (`split_of`).
+Splits: every sample is an item with a key (`item_key`: the wording of a question with its entity, a creature, an
+expression or a unit conversion; a chart's labels and values, a rectangle's sides, a page, or an image's pixels); a
+hash of the key puts 15% of the items in the held-out `eval` split, 10% in `val` and the rest in `train` (`split_of`).
 `make_sample(task, rng, split)` draws until it gets an item of its split (default `train`), so every training draw
 (pre-training, SFT, RL, the drill, tokenizer texts) avoids the items the proxies ask about (`mmlu_pro_rows` and
 `mathvista_rows` draw from `eval`), by construction. The knowledge stays shared: a held-out question on a creature's
 colour is stated in other sentences and asked in other wordings in training, as real benchmarks test knowledge
-their test items do not teach.
+their test items do not teach; so, likewise, is a held-out arithmetic or conversion question's result ("How many
+days are in 8 weeks?" held out, "Convert 8 weeks to days." in training).
 
 Responses are short: a templated sentence of reasoning and a final "The answer is X." (multiple choice: the
 reasoning, then the option holding the worked-out value, "The option 42 is (C).", then "The answer is (C)."), which
@@ -97,6 +98,11 @@ FACT_QUESTIONS: dict[str, tuple[str, ...]] = {
     "legs": ("How many legs does {name} have?", "{name} has how many legs?", "On how many legs does {name} walk?"),
 }
 """Wordings of the questions on the world's facts (each wording of each creature is one item)."""
+ARITHMETIC_QUESTIONS: tuple[str, ...] = ("What is {expression}?", "How much is {expression}?", "Compute {expression}.")
+UNIT_QUESTIONS: tuple[str, ...] = ("How many {small} are in {k} {big}?", "{k} {big} is how many {small}?",
+                                   "Convert {k} {big} to {small}.")
+"""Wordings of the arithmetic and unit-conversion questions: as with the facts, each wording of each expression or
+conversion is one item, so a held-out question's result is still met in training under another wording."""
 SCREENCAST_QUESTION = "Write the HTML of this web page."
 
 # MathVista's hints (the official query construction), by answer format.
@@ -126,7 +132,9 @@ class Sample:
         image: the image (vision tasks), else None.
         video: the screencast (video tasks), else None.
         choices: option texts (multiple choice), else None.
-        meta: task details, e.g. {"boxes": ..., "precision": 1, "unit": "cm", "category": ..., "stem": ...}.
+        meta: task details, e.g. {"boxes": ..., "precision": 1, "unit": "cm", "category": ..., "stem": ...};
+            multiple choice also names what its question asks about (`entity`: "8 weeks in days", "7 * 8",
+            "Bavo's color"), which every wording of the question shares.
     """
 
     task: str
@@ -295,8 +303,9 @@ def _arith_operands(rng: random.Random) -> tuple[int, str, int, int]:
 
 def _task_arithmetic(rng: random.Random) -> Sample:
     a, op, b, c = _arith_operands(rng)
-    return Sample("arithmetic", f"What is {a} {op} {b}?", str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
-                  "number", meta={"expression": f"{a} {op} {b}", "key": f"arith:{a}{op}{b}"})
+    question = rng.choice(ARITHMETIC_QUESTIONS).format(expression=f"{a} {op} {b}")
+    return Sample("arithmetic", question, str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
+                  "number", meta={"expression": f"{a} {op} {b}", "key": f"question:{question}"})
 
 
 _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hours", "minutes", 60),
@@ -308,18 +317,18 @@ def _task_mc(rng: random.Random) -> Sample:
     kind = rng.choice(("world", "world", "arithmetic", "units"))
     if kind == "arithmetic":
         a, op, b, c = _arith_operands(rng)
-        stem, correct, pool = f"What is {a} {op} {b}?", str(c), _number_pool(rng, c)
+        stem = rng.choice(ARITHMETIC_QUESTIONS).format(expression=f"{a} {op} {b}")
+        correct, pool = str(c), _number_pool(rng, c)
         cot, category, src = f"We compute {a} {op} {b} = {c}.", "math", "synthetic-arithmetic"
-        key = f"arith:{a}{op}{b}"
+        entity = f"{a} {op} {b}"
     elif kind == "units":
         big, small, factor = rng.choice(_UNITS)
         k = rng.randint(2, 9)
-        stem, correct = f"How many {small} are in {k} {big}?", str(k * factor)
+        stem, correct = rng.choice(UNIT_QUESTIONS).format(small=small, k=k, big=big), str(k * factor)
         pool = [str(k * factor + d * factor // 10) for d in range(-12, 13) if d] + [str(k), str(factor)]
         pool = [p for p in pool if int(p) > 0]
         cot = f"One of the {big} is {factor} {small}, so {k} {big} is {k} * {factor} = {k * factor} {small}."
-        category, src = "engineering", "synthetic-units"
-        key = f"units:{k}:{big}:{small}"
+        category, src, entity = "engineering", "synthetic-units", f"{k} {big} in {small}"
     else:
         c = rng.choice(WORLD)
         attr = rng.choice(("color", "town", "legs"))
@@ -333,13 +342,14 @@ def _task_mc(rng: random.Random) -> Sample:
         else:
             correct, pool = str(c.legs), [str(i) for i in range(1, 15)]
             cot = f"We know that {c.name} has {c.legs} legs."
-        category, src = "other", "synthetic-world"
-        key = f"question:{stem}"
+        category, src, entity = "other", "synthetic-world", f"{c.name}'s {attr}"
+    key = f"question:{stem}"
     options, idx = _options(rng, correct, pool)
     letter = LETTERS[idx]
     cot = f"{cot} {option_lookup(correct, letter)}"
     return Sample("mc", _mc_question(stem, options), letter, f"{cot} The answer is ({letter}).", "choice",
-                  choices=options, meta={"stem": stem, "category": category, "src": src, "cot": cot, "key": key})
+                  choices=options, meta={"stem": stem, "entity": entity, "category": category, "src": src, "cot": cot,
+                                         "key": key})
 
 
 def _task_lookup(rng: random.Random) -> Sample:
@@ -638,9 +648,9 @@ _TASKS = {
 
 # ---------------------------------------------------------------------------------------------------- splits
 def item_key(sample: Sample) -> str:
-    """What identifies a sample as an item (its split follows from it): the question's text for the world's facts
-    (`question:What color is Bavo?`), the expression or unit conversion for arithmetic, the labels and values of a
-    chart (`chart:bar:...`: the same chart values whatever the rendering or the question), the sides of a
+    """What identifies a sample as an item (its split follows from it): the question's text for the world's facts,
+    arithmetic and unit conversions (`question:What color is Bavo?`, `question:Compute 8 * 7.`), the labels and
+    values of a chart (`chart:bar:...`: the same chart values whatever the rendering or the question), the sides of a
     rectangle, the page of a screencast, and the pixels of any other image."""
     if "key" in sample.meta:
         return sample.meta["key"]
@@ -784,5 +794,5 @@ __all__ = [
     "SCREENCAST_QUESTION", "SHAPES",
     "TEXT_TASKS", "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
     "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
-    "world_facts", "FACT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",
+    "world_facts", "FACT_QUESTIONS", "ARITHMETIC_QUESTIONS", "UNIT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",
 ]
