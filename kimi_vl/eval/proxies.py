@@ -8,8 +8,10 @@
 They need no download and measure the same skills on the world's own distribution; they are NOT the benchmarks
 and every report labels them "(synthetic proxy)". Their items are held out by construction: they come from the
 world's `eval` split (`kimi_vl.data.world.split_of`), whose questions, chart values, rectangles, pages and images no
-training draw ever produces; `proxy_split="val"` draws the validation split instead, for tuning, and the worked
-examples of `mmlu_pro_synth` always come from the validation split. `kimi_vl.eval.benchmarks` registers them.
+training draw ever produces (what a question asks about, a creature's fact or an expression's result, is met in
+training under other wordings, as real benchmarks test knowledge their items do not teach); `proxy_split="val"`
+draws the validation split instead, for tuning, and the worked examples of `mmlu_pro_synth` always come from the
+validation split. `kimi_vl.eval.benchmarks` registers them.
 """
 
 from __future__ import annotations
