@@ -133,8 +133,8 @@ class Sample:
         video: the screencast (video tasks), else None.
         choices: option texts (multiple choice), else None.
         meta: task details, e.g. {"boxes": ..., "precision": 1, "unit": "cm", "category": ..., "stem": ...};
-            multiple choice also names what its question asks about (`entity`: "8 weeks in days", "7 * 8",
-            "Bavo's color"), which every wording of the question shares.
+            multiple choice and arithmetic also name what the question asks about (`entity`: "8 weeks in days",
+            "7 * 8", "Bavo's color"), which every wording of the question shares.
     """
 
     task: str
@@ -305,7 +305,7 @@ def _task_arithmetic(rng: random.Random) -> Sample:
     a, op, b, c = _arith_operands(rng)
     question = rng.choice(ARITHMETIC_QUESTIONS).format(expression=f"{a} {op} {b}")
     return Sample("arithmetic", question, str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
-                  "number", meta={"expression": f"{a} {op} {b}", "key": f"question:{question}"})
+                  "number", meta={"entity": f"{a} {op} {b}", "key": f"question:{question}"})
 
 
 _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hours", "minutes", 60),

@@ -352,7 +352,6 @@ def test_evaluation_items_are_held_out_from_every_training_draw(tmp_path):
         make_samples(("mc",), 1, 0, "test")
 
 
-
 def test_held_out_questions_keep_their_knowledge_in_training():
     """As with a real benchmark's items, a held-out question's knowledge is met in training under other wordings:
     the creature or conversion of every evaluation question, and the product of most, is asked in training, never
