@@ -301,11 +301,17 @@ def _arith_operands(rng: random.Random) -> tuple[int, str, int, int]:
     return a, op, b, _OPS[op](a, b)
 
 
-def _task_arithmetic(rng: random.Random) -> Sample:
+def _arithmetic_question(rng: random.Random) -> tuple[str, str, int]:
+    """`(question, expression, result)`: drawn operands asked in one of `ARITHMETIC_QUESTIONS`' wordings."""
     a, op, b, c = _arith_operands(rng)
-    question = rng.choice(ARITHMETIC_QUESTIONS).format(expression=f"{a} {op} {b}")
-    return Sample("arithmetic", question, str(c), f"We compute {a} {op} {b} = {c}. The answer is {c}.",
-                  "number", meta={"entity": f"{a} {op} {b}", "key": f"question:{question}"})
+    expression = f"{a} {op} {b}"
+    return rng.choice(ARITHMETIC_QUESTIONS).format(expression=expression), expression, c
+
+
+def _task_arithmetic(rng: random.Random) -> Sample:
+    question, expression, c = _arithmetic_question(rng)
+    return Sample("arithmetic", question, str(c), f"We compute {expression} = {c}. The answer is {c}.",
+                  "number", meta={"entity": expression, "key": f"question:{question}"})
 
 
 _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hours", "minutes", 60),
@@ -316,11 +322,9 @@ _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hour
 def _task_mc(rng: random.Random) -> Sample:
     kind = rng.choice(("world", "world", "arithmetic", "units"))
     if kind == "arithmetic":
-        a, op, b, c = _arith_operands(rng)
-        stem = rng.choice(ARITHMETIC_QUESTIONS).format(expression=f"{a} {op} {b}")
+        stem, entity, c = _arithmetic_question(rng)
         correct, pool = str(c), _number_pool(rng, c)
-        cot, category, src = f"We compute {a} {op} {b} = {c}.", "math", "synthetic-arithmetic"
-        entity = f"{a} {op} {b}"
+        cot, category, src = f"We compute {entity} = {c}.", "math", "synthetic-arithmetic"
     elif kind == "units":
         big, small, factor = rng.choice(_UNITS)
         k = rng.randint(2, 9)
