@@ -15,6 +15,7 @@ from .errors import ShapeError
 from .fusion.embedding import fuse_media, media_tokens
 from .text import KimiHybridCache, KimiTextForCausalLM
 from .text.cache import HybridCacheGenerationMixin
+from .text.modeling import real_tokens
 from .vision import MoonViTModel, MoonViTProjector
 
 
@@ -111,6 +112,10 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
                                            video_grid_thw)
         elif pixel_values is not None or pixel_values_videos is not None:
             raise ShapeError("Media need input_ids to locate their placeholders; pass input_ids, not inputs_embeds.")
+        if self.training and input_ids is not None and kwargs.get("token_mask") is None:
+            # the language model sees embeddings only: its routers learn which tokens are padding from the ids here
+            kwargs["token_mask"] = real_tokens(input_ids, attention_mask, self.config.text_config.pad_token_id,
+                                               input_ids.shape[1])
         return self.language_model(
             inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
             labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,

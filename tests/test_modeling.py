@@ -108,6 +108,17 @@ def test_batch_with_0_1_and_3_media_equals_each_sample_alone():
         assert torch.equal(out[i, -alone.shape[1]:], alone[0])
 
 
+def test_routers_count_the_media_tokens_but_not_the_padding():
+    """The language model sees embeddings only: the pad ids behind a packed row (mask of ones) are found from the
+    VL model's input_ids and left out of the routers' expert loads; the media tokens count."""
+    model = tiny_vl().train()
+    routers = [m.mlp.gate for m in model.language_model.model.layers if hasattr(m.mlp, "gate")]
+    pixels, grid = image(2, 4)
+    row = sample([3, 4], [grid], [6, 7, 8])
+    model(torch.tensor([row + [PAD] * 5]), pixel_values=pixels, image_grid_thw=torch.tensor([grid]))
+    assert all(r.expert_load.sum() == len(row) * 2 for r in routers)  # real tokens x top-k
+
+
 @torch.no_grad()
 def test_generate_with_images_equals_cache_free_decoding():
     """Greedy `generate` with images in a left-padded prompt batch (preallocated hybrid cache, recurrent KDA,

@@ -47,8 +47,10 @@ class KimiDecoderLayer(nn.Module):
         return self.self_attn(x, attn_mask=mla_mask, cache=cache, cu_seqlens=cu_seqlens,
                               rope=rope if self.layer_type == "mla_rope" else None)
 
-    def feed_forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.post_attention_layernorm(h))
+    def feed_forward(self, h: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`token_mask [B, T]`: the real tokens, the only ones an MoE router counts in its expert load."""
+        x = self.post_attention_layernorm(h)
+        return self.mlp(x, token_mask) if isinstance(self.mlp, MoE) else self.mlp(x)
 
 
 class KimiTextPreTrainedModel(PreTrainedModel):
@@ -156,9 +158,14 @@ class KimiTextModel(KimiTextPreTrainedModel):
         cu_seqlens: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """`cu_seqlens` `[N+1]` packs N independent sequences in a batch of 1.
+
+        `token_mask` `[B, T]` (bool) marks the real tokens, the only ones the MoE routers count in their expert loads
+        in training forwards (aux-loss-free balancing); by default (`real_tokens`) the tokens `attention_mask` keeps
+        that are not `pad_token_id`.
 
         `position_ids` `[B or 1, T]` are read by `"mla_rope"` layers only (KDA's conv and decay and NoPE MLA carry
         order without them). When not given they are derived: restarting at 0 in each packed sequence with
@@ -191,6 +198,8 @@ class KimiTextModel(KimiTextPreTrainedModel):
         if attention_mask is not None and not bool(attention_mask[:, -T:].all()):
             padding_mask = attention_mask[:, -T:]
         mla_mask = build_mla_mask(attention_mask, T, past + T)
+        if token_mask is None and self.training:
+            token_mask = real_tokens(input_ids, attention_mask, self.config.pad_token_id, T)
         rope = None
         if self.rotary is not None:
             positions = self.positions(position_ids, attention_mask, cu_seqlens, past, T, inputs_embeds.device)
@@ -204,7 +213,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
                 hidden_states.append(h)
             out = self._run(layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope)
             state = self.residual.write(state, 2 * i, out)
-            out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1))
+            out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1), token_mask)
             state = self.residual.write(state, 2 * i + 1, out)
         h = self.norm(self.residual.end(state))
         if hidden_states is not None:
@@ -299,6 +308,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         loss_normalisation: str = "token",
+        token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Next-token logits `[B, T, vocab]` (the last `logits_to_keep` positions when set) and, with `labels`, the
@@ -307,7 +317,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
-            output_hidden_states=output_hidden_states,
+            output_hidden_states=output_hidden_states, token_mask=token_mask,
         )
         h = out.last_hidden_state
         logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
@@ -318,6 +328,20 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
             loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states
         )
 
+
+
+def real_tokens(
+    input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, pad_token_id: int | None, T: int
+) -> torch.Tensor | None:
+    """`[B, T]` bool: the last `T` tokens that `attention_mask` keeps and that are not `pad_token_id` (a packed row's
+    tail and a response's positions after its end token are `pad_token_id` under a mask of ones); None when every
+    token is real."""
+    mask = None
+    if attention_mask is not None:
+        mask = attention_mask[:, -T:].bool()
+    if input_ids is not None and pad_token_id is not None:
+        mask = input_ids != pad_token_id if mask is None else mask & (input_ids != pad_token_id)
+    return None if mask is None or bool(mask.all()) else mask
 
 
 def next_token_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:

@@ -33,7 +33,11 @@ class SwiGLU(nn.Module):
 
 
 class TopKRouter(nn.Module):
-    """Shapes: `x [N, hidden]` -> `weights [N, k]` (fp32), `indices [N, k]`."""
+    """Shapes: `x [N, hidden]` -> `weights [N, k]` (fp32), `indices [N, k]`.
+
+    In training forwards it adds the experts chosen for each token to `expert_load`; `counted [N]` (bool) limits
+    that count to the real tokens (padding is routed like any token but must not steer the balancing: ranks pad
+    differently, so counting it would make the bias update depend on how the batch is split)."""
 
     def __init__(self, config: KimiTextConfig) -> None:
         super().__init__()
@@ -49,7 +53,7 @@ class TopKRouter(nn.Module):
         # Tokens routed to each expert since the last `update_router_bias` (training only; not saved).
         self.register_buffer("expert_load", torch.zeros(config.num_experts), persistent=False)
 
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         scores = F.linear(x.float(), self.weight.float()).sigmoid()
         biased = scores + self.e_score_correction_bias.float()
         choice = biased
@@ -64,7 +68,8 @@ class TopKRouter(nn.Module):
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdim=True) + 1e-20)
         if self.training:
-            self.expert_load += torch.bincount(indices.flatten(), minlength=self.num_experts).to(self.expert_load)
+            chosen = indices if counted is None else indices[counted]
+            self.expert_load += torch.bincount(chosen.flatten(), minlength=self.num_experts).to(self.expert_load)
         return weights * self.scaling, indices
 
     @torch.no_grad()
@@ -119,7 +124,8 @@ class Experts(nn.Module):
 
 
 class MoE(nn.Module):
-    """Routed experts plus shared experts. Shapes: `[B, T, hidden] -> [B, T, hidden]`."""
+    """Routed experts plus shared experts. Shapes: `[B, T, hidden] -> [B, T, hidden]`; `token_mask [B, T]` (bool,
+    optional): the real tokens, the only ones the router counts in its expert load."""
 
     def __init__(self, config: KimiTextConfig) -> None:
         super().__init__()
@@ -131,9 +137,9 @@ class MoE(nn.Module):
             else None
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, token_mask: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        weights, indices = self.gate(flat)
+        weights, indices = self.gate(flat, None if token_mask is None else token_mask.reshape(-1))
         y = self.experts(flat, weights, indices).view_as(x)
         if self.shared_experts is not None:
             y = y + self.shared_experts(x)

@@ -1,6 +1,7 @@
 """Aux-loss-free MoE balancing as a hook of the optimizer step.
 
-Every `TopKRouter` counts the tokens it routes to each expert in training forwards (`expert_load`). After each
+Every `TopKRouter` counts the real tokens it routes to each expert in training forwards (`expert_load`; padding is
+routed but not counted, so the loads do not depend on how a batch is split over ranks and micro-batches). After each
 optimizer step, `RouterBalancing` sums the counts over data-parallel ranks, moves each router's
 `e_score_correction_bias` by `rate * sign(mean load - load)` and zeroes the counts; a step that is discarded (a
 non-finite loss) or forwards that are not training (validation) call `reset` instead. Installed with

@@ -251,3 +251,23 @@ def test_per_document_loss_weighs_every_packed_sequence_equally():
     torch.testing.assert_close(causal_lm_loss(logits, labels, cu), ce[[0, 2, 4, 5, 6, 7, 8]].mean())
     with pytest.raises(ShapeError, match="packed inputs"):
         causal_lm_loss(logits, labels, per_document=True)
+
+
+def test_routers_count_only_real_tokens():
+    """Left padding (attention_mask 0) and a tail of pad ids (mask 1, as after a response's end token) are routed but
+    not counted: the padded batch adds to each expert's load what its rows add alone."""
+    model = tiny_model().train()
+    routers = [m.mlp.gate for m in model.model.layers if hasattr(m.mlp, "gate")]
+    rows = [torch.randint(3, 61, (7,)), torch.randint(3, 61, (12,))]
+    for row in rows:
+        model(row[None])
+    alone = [r.expert_load.clone() for r in routers]
+    model.model.reset_expert_loads()
+    ids = torch.zeros(2, 15, dtype=torch.long)
+    mask = torch.ones(2, 15, dtype=torch.long)
+    ids[0, 5:12], mask[0, :5] = rows[0], 0  # 5 left-padded positions, then 3 pad ids after the row
+    ids[1, :12] = rows[1]  # 3 pad ids after the row
+    model(ids, attention_mask=mask)
+    for router, load in zip(routers, alone):
+        assert router.expert_load.sum() == (7 + 12) * 2  # real tokens x top-k
+        assert torch.equal(router.expert_load, load)

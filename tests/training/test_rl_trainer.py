@@ -59,13 +59,11 @@ def _assert_same_weights(a_dir: Path, b_dir: Path, atol: float) -> None:
 
 def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo; each rank rolls out half of the 4 prompts) against one process: the same
-    responses and rewards (seeded per prompt, not per process), losses and updated weights to 1e-5.
-
-    The aux-loss-free router-bias update is off here: the routers count padded positions in their expert loads, and
-    each rank pads its micro-batches to its own longest response, so the all-reduced loads differ by the padding and
-    the bias's sign step can flip at a near-tie (it did on these prompts: one bias 2e-3 apart after one step)."""
+    responses and rewards (seeded per prompt, not per process), losses and updated weights to 1e-5, the router biases
+    included: each rank pads its micro-batches to its own longest response, and only real tokens count in the
+    all-reduced expert loads (when padding counted, a sign step flipped at a near-tie on these prompts)."""
     one, two = tmp_path / "one", tmp_path / "two"
-    args = ("--steps", "2", "--router-bias-rate", "0")
+    args = ("--steps", "2")
     run(_command(checkpoint, one, *args), _env())
     torchrun(_command(checkpoint, two, *args), _env())
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
