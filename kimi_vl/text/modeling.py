@@ -334,14 +334,14 @@ def real_tokens(
     input_ids: torch.Tensor | None, attention_mask: torch.Tensor | None, pad_token_id: int | None, T: int
 ) -> torch.Tensor | None:
     """`[B, T]` bool: the last `T` tokens that `attention_mask` keeps and that are not `pad_token_id` (a packed row's
-    tail and a response's positions after its end token are `pad_token_id` under a mask of ones); None when every
-    token is real."""
+    tail and a response's positions after its end token are `pad_token_id` under a mask of ones); None when there is
+    neither to go by. Never synchronises with the device (it runs in every training forward)."""
     mask = None
     if attention_mask is not None:
         mask = attention_mask[:, -T:].bool()
     if input_ids is not None and pad_token_id is not None:
         mask = input_ids != pad_token_id if mask is None else mask & (input_ids != pad_token_id)
-    return None if mask is None or bool(mask.all()) else mask
+    return mask
 
 
 def next_token_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
