@@ -5,14 +5,18 @@ only works when triton is imported with ``TRITON_INTERPRET=1``. If this module i
 triton (no CUDA) it sets the variable for the rest of the process and runs the kernels in-process.
 Otherwise (the usual case: ``import kimi_vl`` pulls in triton via torch._dynamo) the selected tests of this
 module run once, together, in a child pytest process started with the variable set, and each test here
-reports its own outcome from that run. Shapes are tiny: the interpreter is slow.
+reports its own outcome from that run. Shapes are tiny: the interpreter is slow (2-3 minutes for the default
+selection, on one core), so ``tests/kernels/conftest.py`` starts the child as soon as collection ends and it runs
+beside the tests before this module; the first test here waits for it.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -56,23 +60,53 @@ def _current_test(request):
     yield
 
 
+_CHILD_RUN: dict = {}  # the child pytest process: "proc", its output folder "out" and log file "log"
+
+
+def start_child(nodeids: list[str], config: pytest.Config) -> None:
+    """Start the child pytest that runs `nodeids` (this module's selected tests) in the interpreter, in the background;
+    stopped and cleaned up when the session ends."""
+    if MODE is not None or _CHILD_RUN:
+        return
+    out = Path(tempfile.mkdtemp(prefix="kda_triton_"))
+    log = (out / "output.txt").open("w")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", f"--junitxml={out / 'report.xml'}",
+           *nodeids]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "TRITON_INTERPRET": "1"}, stdout=log,
+                            stderr=subprocess.STDOUT)
+    _CHILD_RUN.update(proc=proc, out=out, log=log)
+    config.add_cleanup(_stop_child)
+
+
+def _stop_child() -> None:
+    proc = _CHILD_RUN.pop("proc")
+    if proc.poll() is None:  # the session ended first (interrupted, -x)
+        proc.kill()
+        proc.wait()
+    _CHILD_RUN.pop("log").close()
+    shutil.rmtree(_CHILD_RUN.pop("out"), ignore_errors=True)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def _child_run(request, tmp_path_factory):
-    """Without an in-process interpreter: run this module's selected tests once in a child pytest."""
+def _child_run(request):
+    """Without an in-process interpreter: collect the outcomes of the child run (started here if no hook did)."""
     if MODE is not None:
         yield
         return
     me = Path(__file__).resolve()
-    ids = [it.nodeid for it in request.session.items if Path(str(it.path)).resolve() == me]
-    report = tmp_path_factory.mktemp("kda_triton") / "report.xml"
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "", f"--junitxml={report}", *ids]
-    res = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1800)
+    start_child([it.nodeid for it in request.session.items if Path(str(it.path)).resolve() == me], request.config)
+    proc, out = _CHILD_RUN["proc"], _CHILD_RUN["out"]
+    try:
+        proc.wait(timeout=1800)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    report = out / "report.xml"
     if report.exists():
         for case in ET.parse(report).getroot().iter("testcase"):
             bad = [c for c in case if c.tag in ("failure", "error")]
             _CHILD[case.get("name")] = "\n".join((c.get("message") or "") + "\n" + (c.text or "") for c in bad)
-    _CHILD["__output__"] = res.stdout[-3000:] + res.stderr[-3000:]
+    _CHILD["__output__"] = (out / "output.txt").read_text()[-6000:]
     yield
 
 
