@@ -63,10 +63,12 @@ def _current_test(request):
 _CHILD_RUN: dict = {}  # the child pytest process: "proc", its output folder "out" and log file "log"
 
 
-def start_child(nodeids: list[str], config: pytest.Config) -> None:
-    """Start the child pytest that runs `nodeids` (this module's selected tests) in the interpreter, in the background;
-    stopped and cleaned up when the session ends."""
-    if MODE is not None or _CHILD_RUN:
+def start_child(items: list[pytest.Item], config: pytest.Config) -> None:
+    """Start the child pytest that runs this module's tests among the session's selected `items` in the interpreter,
+    in the background; stopped and cleaned up when the session ends."""
+    me = Path(__file__).resolve()
+    nodeids = [it.nodeid for it in items if Path(str(it.path)).resolve() == me]
+    if MODE is not None or _CHILD_RUN or not nodeids:
         return
     out = Path(tempfile.mkdtemp(prefix="kda_triton_"))
     log = (out / "output.txt").open("w")
@@ -93,8 +95,7 @@ def _child_run(request):
     if MODE is not None:
         yield
         return
-    me = Path(__file__).resolve()
-    start_child([it.nodeid for it in request.session.items if Path(str(it.path)).resolve() == me], request.config)
+    start_child(request.session.items, request.config)  # already started by tests/kernels/conftest.py's hook
     proc, out = _CHILD_RUN["proc"], _CHILD_RUN["out"]
     try:
         proc.wait(timeout=1800)
