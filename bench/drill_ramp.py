@@ -8,7 +8,9 @@ with the preset's 300, about 2-3 options in the first 150 batches and 2-6 in the
 
     python bench/drill_ramp.py --seeds 0 1 2 3 --ramp 0 300 --steps 750
 
-Each run takes 6-7 minutes on one core; `--jobs 2` runs two at a time (one thread each).
+Each run takes 6-7 minutes on one core; `--jobs 2` runs two at a time (one thread each). `--threads 2 --jobs 1`
+does the float arithmetic of the quickstart on 2 cores, so a seed's run repeats that seed's quickstart pre-training
+step for step (the probes change nothing in it); `--drill-batches` lengthens or shortens the drill.
 """
 
 from __future__ import annotations
@@ -53,12 +55,12 @@ class ProbingTrainer(Trainer):
             self.cfg.steps = record["step"]  # ends the loop after this step (the schedule was set up for all steps)
 
 
-def run(job: tuple[int, int, int, int, str]) -> tuple[int, int, list[dict[str, float]], float]:
-    seed, ramp, steps, every, out = job
-    torch.set_num_threads(1)
+def run(job: tuple[int, int, int, int, str, int, dict[str, Any]]) -> tuple[int, int, list[dict[str, float]], float]:
+    seed, ramp, steps, every, out, threads, overrides = job
+    torch.set_num_threads(threads)
     t0 = time.perf_counter()
     cfg = resolve("pretrain", "tiny", {"drill_ramp_batches": ramp, "progress": False, "val_every": 0,
-                                       "checkpoint_every": 10 ** 9}, seed=seed)
+                                       "checkpoint_every": 10 ** 9, **overrides}, seed=seed)
     processor = build_processor(cfg.data, seed=seed)
     torch.manual_seed(seed)
     model = build_model(get_preset("tiny"), processor)
@@ -76,9 +78,17 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=750, help="steps run of the preset's schedule (the first ones)")
     ap.add_argument("--every", type=int, default=150)
     ap.add_argument("--jobs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="threads per run (2 with --jobs 1: the quickstart's own "
+                    "float arithmetic on 2 cores, so a run repeats its pre-training step for step)")
+    ap.add_argument("--drill-batches", type=int, help="drill_batches (default: the preset's)")
+    ap.add_argument("--any-letters", action=argparse.BooleanOptionalAction, default=None,
+                    help="drill_any_letters (default: the preset's)")
     ap.add_argument("--out", default="runs/drill_ramp")
     args = ap.parse_args()
-    jobs = [(s, r, args.steps, args.every, args.out) for r, s in itertools.product(args.ramp, args.seeds)]
+    overrides = {k: v for k, v in (("drill_batches", args.drill_batches), ("drill_any_letters", args.any_letters))
+                 if v is not None}
+    jobs = [(s, r, args.steps, args.every, args.out, args.threads, overrides)
+            for r, s in itertools.product(args.ramp, args.seeds)]
     with mp.get_context("spawn").Pool(args.jobs) as pool:
         results = pool.map(run, jobs, chunksize=1)
     steps = [p["step"] for p in results[0][2]]

@@ -73,6 +73,8 @@ class DataConfig:
         drill_min_options: (embedded data) fewest options of a drill question.
         drill_ramp_batches: (embedded data) first drill batches whose questions have fewer options: 2-3, then 2-6
             from half of them on (an easier start for the lookup; 0: drill_min_options to 10 from the start).
+        drill_any_letters: (embedded data) a drill question of k < 10 options letters them by k of A-J drawn at
+            random, not by A to the k-th letter.
         drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks); video
             tasks may be named too (e.g. page_color=2).
         drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
@@ -111,6 +113,7 @@ class DataConfig:
     drill_lookups: int = _for("pretrain", default=5)
     drill_min_options: int = _for("pretrain", default=3)
     drill_ramp_batches: int = _for("pretrain", default=0)
+    drill_any_letters: bool = _for("pretrain", default=False)
     drill_vision_tasks: dict[str, float] | None = _for("pretrain")
     drill_vision_ratio: float | None = _for("pretrain")
 
@@ -140,7 +143,7 @@ def _embedded_pretrain(cfg: DataConfig, processor: Any, seed: int, *, drill: boo
         text_tasks=cfg.text_tasks, vision_tasks=cfg.vision_tasks, video_tasks=cfg.video_tasks,
         drill_batches=cfg.drill_batches if drill else 0,
         drill_lookups=cfg.drill_lookups, drill_min_options=cfg.drill_min_options,
-        drill_ramp_batches=cfg.drill_ramp_batches,
+        drill_ramp_batches=cfg.drill_ramp_batches, drill_any_letters=cfg.drill_any_letters,
         drill_vision_tasks=cfg.drill_vision_tasks, drill_vision_ratio=cfg.drill_vision_ratio)
 
 

@@ -63,11 +63,13 @@ def _task_picker(tasks: tuple[str, ...], weights: dict[str, float] | None, name:
 
 
 def option_drill_document(rng: random.Random, processor: Any, lookups: int = 3, min_options: int = 10,
-                          max_options: int = 10) -> Document:
+                          max_options: int = 10, any_letters: bool = False) -> Document:
     """The option-letter drill in its barest form: the options of a world `mc` question (its first k, k drawn in
     `min_options .. max_options`: fewer options make an easier start), then `lookups` of them (distinct, random
     order) as "The option 42 is (C)." sentences, with the loss on the looked-up letters only (everything else is a
-    random draw or a copy; the letter is the one thing to learn). Not splittable.
+    random draw or a copy; the letter is the one thing to learn). With `any_letters` the k options are lettered by k
+    of A-J drawn at random (in alphabetical order: `B. ...\nF. ...\nG. ...`), so every letter is a target from the
+    first few-option question on and the letters' frequencies say nothing about the answer. Not splittable.
 
     `[BOS]Options:\nA. ...\nJ. ...\nThe option 42 is (C). The option red is (A). ...[EOS]`
     """
@@ -79,15 +81,17 @@ def option_drill_document(rng: random.Random, processor: Any, lookups: int = 3, 
     options = make_sample("mc", rng).choices or []
     if min_options < len(options):  # fewer options: an easier start for the drill
         options = options[: rng.randint(min_options, max_options)]
+    letters = sorted(rng.sample(LETTERS, len(options))) if any_letters else LETTERS[: len(options)]
     picks = rng.sample(range(len(options)), min(lookups, len(options)))
-    ids = [bos] + tok(options_block(options) + "\n", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids = [bos] + tok(options_block(options, letters) + "\n", add_special_tokens=False,
+                      split_special_tokens=True)["input_ids"]
     labels = [IGNORE_INDEX] * len(ids)
     close = tok(").", add_special_tokens=False)["input_ids"]
     for k, i in enumerate(picks):
-        sentence = option_lookup(options[i], LETTERS[i])  # "The option 42 is (C).": the letter is the target
+        sentence = option_lookup(options[i], letters[i])  # "The option 42 is (C).": the letter is the target
         query = tok(("" if k == 0 else " ") + sentence[: sentence.rindex("(") + 1], add_special_tokens=False,
                     split_special_tokens=True)["input_ids"]
-        letter = tok(LETTERS[i], add_special_tokens=False)["input_ids"]
+        letter = tok(letters[i], add_special_tokens=False)["input_ids"]
         ids += query + letter + close
         labels += [IGNORE_INDEX] * len(query) + letter + [IGNORE_INDEX] * len(close)
     ids.append(eos)
@@ -128,6 +132,7 @@ def embedded_pretrain_stream(
     drill_lookups: int = 5,
     drill_min_options: int = 3,
     drill_ramp_batches: int = 0,
+    drill_any_letters: bool = False,
     drill_vision_tasks: dict[str, float] | None = None,
     drill_vision_ratio: float | None = None,
 ) -> PackedStream | WarmupStream:
@@ -151,7 +156,8 @@ def embedded_pretrain_stream(
     step of every multiple-choice answer; in the mixture alone a tiny model does not learn it within the
     quickstart's minutes (its letters are a few tokens among many), after the drill it keeps the skill and applies
     it to the mixture's questions. In the first `drill_ramp_batches` batches the drill's questions have fewer
-    options (`drill_option_range`).
+    options (`drill_option_range`); with `drill_any_letters` their options are lettered by any of A-J
+    (`option_drill_document`).
     """
     for name, value in (("video_fraction", video_fraction), ("chat_fraction", chat_fraction),
                         ("code_fraction", code_fraction), ("text_chat_fraction", text_chat_fraction)):
@@ -190,7 +196,7 @@ def embedded_pretrain_stream(
 
     def drill_doc(draws: BatchDraws) -> Document:
         fewest, most = drill_option_range(draws.index, drill_ramp_batches, drill_min_options)
-        return option_drill_document(draws.rng, processor, drill_lookups, fewest, most)
+        return option_drill_document(draws.rng, processor, drill_lookups, fewest, most, drill_any_letters)
 
     drill = PackedStream(drill_doc,
                          seq_len=seq_len, rows=rows, seed=seed,

@@ -260,9 +260,9 @@ def option_lookup(value: str, letter: str) -> str:
     return f"The option {value} is ({letter})."
 
 
-def options_block(options: Sequence[str]) -> str:
-    """MMLU-Pro's option list: `Options:\nA. ...\nB. ...` (no trailing newline)."""
-    return "Options:\n" + "\n".join(f"{LETTERS[i]}. {o}" for i, o in enumerate(options))
+def options_block(options: Sequence[str], letters: Sequence[str] = LETTERS) -> str:
+    """MMLU-Pro's option list: `Options:\nA. ...\nB. ...` (no trailing newline); `letters[i]` heads option i."""
+    return "Options:\n" + "\n".join(f"{letters[i]}. {o}" for i, o in enumerate(options))
 
 
 def _mc_question(stem: str, options: Sequence[str]) -> str:

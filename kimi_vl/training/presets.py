@@ -68,7 +68,10 @@ PRESETS: dict[str, Preset] = {
         # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
         # more of them per batch. The first 450 batches' text is the option-letter drill (see
         # `embedded_pretrain_stream`); its first 300 batches ask about 2-3 options, then 2-6 (with 3-10 from the
-        # start the lookup was learned on two seeds of four, with the ramp on every seed tried). One-colour images
+        # start the lookup was learned on two seeds of four, with the ramp on every seed tried on one machine but
+        # missed on 3 runs of 11 on another). Their options are lettered by any of A-J (`drill_any_letters`): lettered
+        # A, B, C the few-option questions let a run settle on those letters' frequencies and miss the lookup; so
+        # lettered, 8 runs of 8 learned it, the two that had missed included. One-colour images
         # (`swatch`: every image token carries the answer) teach the language model to read image tokens within
         # tens of steps, where shapes among background tokens alone take hundreds; learned early, the reading
         # carries over to shapes. In the drill they are a small share (weight 1: at weight 3 their documents crowd
@@ -79,7 +82,7 @@ PRESETS: dict[str, Preset] = {
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
                                    vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 3},
-                                   drill_batches=450, drill_lookups=10, drill_ramp_batches=300,
+                                   drill_batches=450, drill_lookups=10, drill_ramp_batches=300, drill_any_letters=True,
                                    drill_vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 1}),
             # 512-token rows: a page conversation (about 265 tokens) is placed whole, its closing tags in context
             "sft": DataConfig(seq_len=512, rows=2),

@@ -349,6 +349,30 @@ def test_option_drill_document_labels_only_the_letters(proc):
         assert loss_text(proc, doc) == "".join(letter for _, letter in found)
 
 
+def test_option_drill_document_any_letters(proc):
+    """With `any_letters` a question of k options is lettered by k distinct letters of A-J in order, each letter is a
+    target somewhere, and each looked-up letter is the one heading its value; without it the letters run from A."""
+    tok = proc.tokenizer
+    targets = set()
+    for i in range(40):
+        doc = option_drill_document(sample_rng(0, i, "drill"), proc, 10, 2, 3, any_letters=True)
+        text = tok.decode(doc.input_ids)
+        letters = re.findall(r"\n([A-J])\. ", text)
+        options = dict(re.findall(r"\n([A-J])\. ([^\n]+)", text))
+        found = re.findall(r"The option (.+?) is \(([A-J])\)\.", text)
+        assert 2 <= len(letters) <= 3 and letters == sorted(set(letters)) and len(found) == len(letters)
+        assert all(options[letter] == v for v, letter in found)
+        assert loss_text(proc, doc) == "".join(letter for _, letter in found)
+        targets.update(letter for _, letter in found)
+        plain = tok.decode(option_drill_document(sample_rng(0, i, "drill"), proc, 10, 2, 3).input_ids)
+        assert re.findall(r"\n([A-J])\. ", plain) == list("ABC")[: len(re.findall(r"\n[A-J]\. ", plain))]
+    assert targets == set("ABCDEFGHIJ")
+    s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=4, drill_batches=2, drill_ramp_batches=2,
+                        drill_lookups=3, vision_ratio=0.1, drill_any_letters=True)
+    firsts = [block[1] for i in range(2) for block in tok.decode(s.batch(i).input_ids[0].tolist()).split("Options:")[1:]]
+    assert firsts and set(firsts) - {"A"}, firsts
+
+
 def test_drill_option_range_starts_easy():
     assert [drill_option_range(i, 200, 3) for i in (0, 99, 100, 199, 200, 449)] == [
         (2, 3), (2, 3), (2, 6), (2, 6), (3, 10), (3, 10)]
