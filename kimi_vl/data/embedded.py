@@ -107,8 +107,9 @@ def drill_option_range(index: int, ramp_batches: int, min_options: int) -> tuple
     """Fewest and most options of the drill questions of batch `index`: 2-3 in the first half of the
     `ramp_batches` first batches, 2-6 in the second half, then `min_options`-10. With ten options from the start,
     when the lookup is learned varies from seed to seed (`tiny` preset: within the 450 drill batches on two seeds of
-    four, not at all on the other two); started on 2-3 options it is learned on every seed tried, and it carries
-    over as the options grow (docs/RESULTS.md)."""
+    four, not at all on the other two); started on 2-3 options it was learned on every seed tried on one machine but
+    missed on 3 runs of 11 on another, until the options were lettered by any of A-J (`option_drill_document`'s
+    `any_letters`); it carries over as the options grow (docs/RESULTS.md)."""
     if index < ramp_batches:
         return next((lo, hi) for start, lo, hi in reversed(DRILL_RAMP_OPTIONS) if index >= start * ramp_batches)
     return min_options, len(LETTERS)
