@@ -71,11 +71,11 @@ PRESETS: dict[str, Preset] = {
         # start the lookup was learned on two seeds of four, with the ramp on every seed tried on one machine but
         # missed on 3 runs of 11 on another). Their options are lettered by any of A-J (`drill_any_letters`): lettered
         # A, B, C the few-option questions let a run settle on those letters' frequencies and miss the lookup; so
-        # lettered, 8 runs of 8 learned it, the two that had missed included. One-colour images
-        # (`swatch`: every image token carries the answer) teach the language model to read image tokens within
-        # tens of steps, where shapes among background tokens alone take hundreds; learned early, the reading
-        # carries over to shapes. In the drill they are a small share (weight 1: at weight 3 their documents crowd
-        # out the drill and the letter skill is not learned), after it a larger one. Learned only after the drill,
+        # lettered, 15 probed runs of 16 were off chance by the drill's end (the two that had missed included).
+        # One-colour images (`swatch`: every image token carries the answer) teach the language model to read image
+        # tokens within tens of steps, where shapes among background tokens alone take hundreds; learned early, the
+        # reading carries over to shapes. In the drill they are a small share (weight 1: at weight 3 their documents
+        # crowd out the drill and the letter skill is not learned), after it a larger one. Learned only after the drill,
         # swatches are read but shapes' colours are not (docs/RESULTS.md).
         data={
             "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
