@@ -190,7 +190,7 @@ def build_parser() -> argparse.ArgumentParser:
     export.set_defaults(func=_export)
     _add_train_parsers(sub)
     _add_data_parsers(sub)
-    from .eval.ablation import ABLATION_SEEDS
+    from .eval.ablation import ABLATION_PROXY_ITEMS, ABLATION_SEEDS
     from .eval.runner import add_eval_arguments
 
     ev = sub.add_parser("eval", help="registered benchmarks: MMLU-Pro / MathVista (official protocols) and their "
@@ -204,12 +204,14 @@ def build_parser() -> argparse.ArgumentParser:
     vrl.add_argument("--from", dest="from_dir", required=True, help="SFT checkpoint directory")
     vrl.add_argument("--out", required=True)
     vrl.add_argument("--seeds", type=int, default=ABLATION_SEEDS,
-                     help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint "
-                     "both deltas' 95%% half-widths measured 0.4-2.1 points at 10 seeds and 1.9 at most at 11; about "
-                     "10 min on 2 fast CPU cores, about 27 min on slow ones)")
+                     help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint, "
+                     "with the proxies' default items, both deltas' 95%% half-widths are about 1 point; about 8 min on "
+                     "2 fast CPU cores, about 22 min on slow ones)")
     vrl.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's)")
     vrl.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
-    vrl.add_argument("--limit", type=int, default=None, help="at most N items per benchmark")
+    vrl.add_argument("--limit", type=int, default=None, help="items per benchmark (default: all of a real benchmark; "
+                     "of the proxies " + ", ".join(f"{n} {b}" for b, n in ABLATION_PROXY_ITEMS.items())
+                     + ", whose first ones are the quickstart's pinned items)")
     vrl.set_defaults(func=_ablate)
     from .demos.video2web import add_video2web_parser
 

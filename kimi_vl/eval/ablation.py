@@ -3,8 +3,9 @@
 From one SFT checkpoint, for each seed, two RL runs with the same number of steps and rollouts: `text` (text tasks
 only) and `text+vision` (text and image tasks). Both are then evaluated on a text benchmark (MMLU-Pro format) and a
 vision benchmark (MathVista format): the real ones when `data_dir` holds them, else the offline synthetic proxies
-(labelled as such). The report gives each arm's mean score, the delta (text+vision minus text) with a 95% confidence
-interval over seeds (Student t on the per-seed paired deltas), a plot, and the model and data it was run on.
+(labelled as such; `ABLATION_PROXY_ITEMS` items). The report gives each arm's mean score, the delta
+(text+vision minus text) with a 95% confidence interval over seeds (Student t on the per-seed paired deltas), a plot,
+and the model and data it was run on.
 """
 
 from __future__ import annotations
@@ -19,19 +20,23 @@ from typing import Any
 from ..errors import ConfigError
 from ..training.stages import read_summary, rl
 from .config import EvalConfig
-from .proxies import PROXY_EVAL_CONFIG
+from .generation import Engine
+from .proxies import MMLU_PRO_SYNTH_SIZE, PROXY_EVAL_CONFIG
 from .runner import evaluate
 
 ARMS = {"text": ("text",), "text+vision": ("text", "vision")}
-ABLATION_SEEDS = 11
-"""Default seeds: with the tiny preset's RL (lr 1e-4, 8 prompts per family) the per-seed deltas on the quickstart's
-SFT checkpoints have standard deviations up to about 2.9 points (MathVista: 1.4-1.9 on the earlier checkpoints, 2.6
-over 12 seeds and 2.9 over the first 10 on `runs/qs12`'s, whose vision arm spreads more; text 0.6-2.1), and a 95%
-half-width within 2 points needs `t * sd / sqrt(n) <= 2`: 10 seeds gave 2.1 on that checkpoint, 11 give 1.9 and 12
-1.7. 11 is the most the 30 minutes allow on the slowest 2-core machine measured (10 seeds 23 min 53 s, 12 seeds
-29 min 37 s and, on an earlier checkpoint, 30 min 23 s); about 10 min on 2 fast cores. At the earlier RL, lr 2e-4 on
-4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text delta 2.5 wide
-(docs/RESULTS.md)."""
+ABLATION_SEEDS = 8
+"""Default seeds. A 95% half-width within 2 points needs `t * sd / sqrt(n) <= 2` for the per-seed deltas' standard
+deviation `sd`. On `runs/qs14`'s seed-0 SFT checkpoint, with the proxies' `ABLATION_PROXY_ITEMS`, that SD measured
+1.2-1.4 points on the MathVista proxy and 0.9-1.0 on the MMLU-Pro proxy (8 and 20 seeds), so 8 seeds give about
+1 point and keep 2 up to an SD of 2.4. 8 seeds took 7 min 46 s on 2 Zen 5 cores; the slowest 2-core machine measured
+runs the ablation about 2.7x slower, some 21 min, inside the 30 minutes allowed (docs/RESULTS.md). At the earlier RL,
+lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text delta 2.5 wide."""
+ABLATION_PROXY_ITEMS = {"mmlu_pro_synth": MMLU_PRO_SYNTH_SIZE, "mathvista_synth": 400}
+"""Items of each proxy the ablation evaluates on (their first ones are the quickstart's pinned items). On the
+MathVista proxy's 100 pinned items the two arms' paired deltas spread by 3.6 points (SD over 20 seeds on `runs/qs14`),
+most of it which items a run happens to flip; on 400 items the same runs spread by 1.4. The MMLU-Pro proxy's 140
+already give about 1 point."""
 
 # Two-sided 95% Student t quantiles by degrees of freedom (df > 30: normal approximation).
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
@@ -61,16 +66,18 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     """Run the ablation (resumable: finished RL runs and cached responses are reused); returns the report dict and
     writes `ablation.json`, `ablation.md` and `ablation.png` under `out_dir`.
 
-    `config` holds the evaluation options; its `data_dir`, `limit` and `progress` are replaced by the arguments of
-    the same names. Default: `PROXY_EVAL_CONFIG` on the proxies (the quickstart's settings, so scores compare with
-    it), the official settings on real data.
+    `limit`: items per benchmark (none: all of a real benchmark, `ABLATION_PROXY_ITEMS` of a proxy). `config` holds
+    the evaluation options; its `data_dir`, `limit` and `progress` are replaced by the arguments of the same names.
+    Default: `PROXY_EVAL_CONFIG` on the proxies (the quickstart's settings, so scores compare with it), the official
+    settings on real data.
     """
     if seeds < 1:
         raise ConfigError(f"seeds must be >= 1, got {seeds}.")
     out_dir = Path(out_dir)
     benchmarks = ("mmlu_pro", "mathvista") if data_dir else ("mmlu_pro_synth", "mathvista_synth")
     options = config or (EvalConfig() if data_dir else PROXY_EVAL_CONFIG)
-    eval_config = dataclasses.replace(options, data_dir=data_dir, limit=limit, progress=progress)
+    items = {b: limit if limit is not None or data_dir else ABLATION_PROXY_ITEMS[b] for b in benchmarks}
+    eval_config = dataclasses.replace(options, data_dir=data_dir, progress=progress)
     scores: dict[str, dict[str, list[float]]] = {arm: {b: [] for b in benchmarks} for arm in ARMS}
     start_rewards: dict[str, dict[str, list[float]]] = {arm: {f: [] for f in fams} for arm, fams in ARMS.items()}
     for seed in range(seeds):
@@ -81,15 +88,17 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
             for family, reward in ((read_summary(run_dir / "model") or {}).get("family_reward_first_fifth")
                                    or {}).items():
                 start_rewards[arm][family].append(reward)
-            report = evaluate(run_dir / "model", list(benchmarks), run_dir / "eval", eval_config)
+            engine = Engine.from_pretrained(run_dir / "model", device=eval_config.device, dtype=eval_config.dtype,
+                                            trust_remote_code=eval_config.trust_remote_code)
             for b in benchmarks:
+                report = evaluate(engine, [b], run_dir / "eval" / b, dataclasses.replace(eval_config, limit=items[b]))
                 scores[arm][b].append(report["benchmarks"][b]["accuracy"])
     summary = read_summary(out_dir / "text_seed0" / "model") or {}
     result = {
         "sft_checkpoint": str(sft_dir), "seeds": seeds, "rl_steps": summary.get("steps"),
         "rl_prompts_per_step": summary.get("prompts_per_step"), "rl_k": summary.get("k"),
         "rl_updates_per_batch": summary.get("updates_per_batch"),
-        "preset": summary.get("preset"), "benchmarks": list(benchmarks), "proxies": data_dir is None, "limit": limit,
+        "preset": summary.get("preset"), "benchmarks": list(benchmarks), "proxies": data_dir is None, "items": items,
         "eval_options": options.changes(),
         "start_reward": {arm: {f: statistics.fmean(v) if v else None for f, v in rewards.items()}
                          for arm, rewards in start_rewards.items()},
@@ -134,7 +143,8 @@ def ablation_markdown(result: dict[str, Any]) -> str:
                   f"{result['start_reward']['text+vision']['text']:.3f}, vision tasks {vision:.3f}"
                   + (" -- near zero: the vision arm earns almost no reward, so this ablation is not informative."
                      if vision < 0.05 else ".")]
-    lines += ["", f"Items per benchmark: {result['limit'] or 'all'}; evaluation options: "
+    items = ", ".join(f"{b} {n or 'all'}" for b, n in result["items"].items())
+    lines += ["", f"Items per benchmark: {items}; evaluation options: "
               f"{result.get('eval_options') or 'the official settings'}. "
               + ("The benchmarks are the offline synthetic proxies built from the embedded synthetic world, not "
                  "MMLU-Pro and MathVista themselves; a tiny model trained for minutes on a CPU is far from the "

@@ -3,6 +3,7 @@
 import json
 import math
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -24,20 +25,47 @@ def test_mean_ci_uses_student_t():
 
 def test_markdown_labels_proxies_and_states_sizes():
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 5, "rl_prompts_per_step": 8, "rl_k": 4,
-              "seeds": 2, "proxies": True, "limit": 10, "eval_options": {"num_shots": 0},
+              "seeds": 2, "proxies": True, "items": {"mmlu_pro_synth": 10, "mathvista_synth": 400},
+              "eval_options": {"num_shots": 0},
               "summary": {"mmlu_pro_synth": {"text": (0.2, 0.1), "text+vision": (0.3, 0.05), "delta": (0.1, 0.2)}}}
     md = ablation_markdown(result)
     assert "| mmlu_pro_synth (synthetic proxy) | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
     assert "preset `tiny`" in md and "5 optimizer steps, 1 per rollout batch of 8 text prompts" in md
     assert "x 4 responses" in md and "not MMLU-Pro" in md
-    assert "evaluation options: {'num_shots': 0}" in md
+    assert "Items per benchmark: mmlu_pro_synth 10, mathvista_synth 400; evaluation options: {'num_shots': 0}" in md
     assert "Mean reward at the start" not in md  # no reward figures recorded: nothing claimed
+
+
+@pytest.mark.parametrize("limit, data_dir, expected", [
+    (None, None, {"mmlu_pro_synth": 140, "mathvista_synth": 400}),  # the proxies' default draws
+    (5, None, {"mmlu_pro_synth": 5, "mathvista_synth": 5}),
+    (None, "data", {"mmlu_pro": None, "mathvista": None}),  # real benchmarks: every item
+])
+def test_ablation_evaluates_each_benchmark_on_its_own_item_count(tmp_path, monkeypatch, limit, data_dir, expected):
+    from kimi_vl.eval import ablation
+
+    calls = []
+
+    def fake_evaluate(engine, benchmarks, out_dir, config):
+        calls.append((benchmarks[0], config.limit, Path(out_dir).name))
+        return {"benchmarks": {benchmarks[0]: {"accuracy": 0.5}}}
+
+    monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ablation, "read_summary", lambda path: {})
+    monkeypatch.setattr(ablation.Engine, "from_pretrained", classmethod(lambda cls, *args, **kwargs: "engine"))
+    monkeypatch.setattr(ablation, "evaluate", fake_evaluate)
+    monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
+    result = ablation.vision_rl_ablation("sft", tmp_path, seeds=2, limit=limit, data_dir=data_dir, progress=False)
+    assert result["items"] == expected
+    assert len(calls) == 2 * 2 * len(expected)  # seeds x arms x benchmarks
+    assert {(b, n, d) for b, n, d in calls} == {(b, n, b) for b, n in expected.items()}
 
 
 @pytest.mark.parametrize("vision, informative", [(0.25, True), (0.01, False)])
 def test_markdown_reports_the_start_reward_and_flags_a_vision_arm_without_reward(vision, informative):
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 20, "rl_updates_per_batch": 2,
-              "rl_prompts_per_step": 4, "rl_k": 4, "seeds": 3, "proxies": True, "limit": None, "eval_options": {},
+              "rl_prompts_per_step": 4, "rl_k": 4, "seeds": 3, "proxies": True, "items": {"mmlu_pro": None},
+              "eval_options": {},
               "start_reward": {"text": {"text": 0.4}, "text+vision": {"text": 0.41, "vision": vision}},
               "summary": {}}
     md = ablation_markdown(result)
@@ -57,6 +85,7 @@ def test_ablation_command_end_to_end(tmp_path):
                  "--limit", "3"]) == 0
     result = json.loads((out / "ablation.json").read_text())
     assert result["benchmarks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
+    assert result["items"] == {"mmlu_pro_synth": 3, "mathvista_synth": 3}
     assert result["eval_options"] == PROXY_EVAL_CONFIG.changes()  # the quickstart's proxy settings, comparable
     for arm in ("text", "text+vision"):
         assert all(len(v) == 2 for v in result["scores"][arm].values())
