@@ -78,6 +78,14 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     options = config or (EvalConfig() if data_dir else PROXY_EVAL_CONFIG)
     items = {b: limit if limit is not None or data_dir else ABLATION_PROXY_ITEMS[b] for b in benchmarks}
     eval_config = dataclasses.replace(options, data_dir=data_dir, progress=progress)
+
+    def score(model_dir: Path, eval_dir: Path) -> dict[str, dict[str, Any]]:
+        engine = Engine.from_pretrained(model_dir, device=eval_config.device, dtype=eval_config.dtype,
+                                        trust_remote_code=eval_config.trust_remote_code)
+        return {b: evaluate(engine, [b], eval_dir / b, dataclasses.replace(eval_config, limit=items[b]))[
+            "benchmarks"][b] for b in benchmarks}
+
+    sft_scores = score(Path(sft_dir), out_dir / "sft_eval")
     scores: dict[str, dict[str, list[float]]] = {arm: {b: [] for b in benchmarks} for arm in ARMS}
     start_rewards: dict[str, dict[str, list[float]]] = {arm: {f: [] for f in fams} for arm, fams in ARMS.items()}
     for seed in range(seeds):
@@ -88,11 +96,8 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
             for family, reward in ((read_summary(run_dir / "model") or {}).get("family_reward_first_fifth")
                                    or {}).items():
                 start_rewards[arm][family].append(reward)
-            engine = Engine.from_pretrained(run_dir / "model", device=eval_config.device, dtype=eval_config.dtype,
-                                            trust_remote_code=eval_config.trust_remote_code)
-            for b in benchmarks:
-                report = evaluate(engine, [b], run_dir / "eval" / b, dataclasses.replace(eval_config, limit=items[b]))
-                scores[arm][b].append(report["benchmarks"][b]["accuracy"])
+            for b, entry in score(run_dir / "model", run_dir / "eval").items():
+                scores[arm][b].append(entry["accuracy"])
     summary = read_summary(out_dir / "text_seed0" / "model") or {}
     result = {
         "sft_checkpoint": str(sft_dir), "seeds": seeds, "rl_steps": summary.get("steps"),
@@ -102,6 +107,8 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
         "eval_options": options.changes(),
         "start_reward": {arm: {f: statistics.fmean(v) if v else None for f, v in rewards.items()}
                          for arm, rewards in start_rewards.items()},
+        "baselines": {b: {"chance": e["chance"], "constant": e["constant"], "sft": e["accuracy"]}
+                      for b, e in sft_scores.items()},
         "scores": scores, "summary": {},
     }
     for b in benchmarks:
@@ -130,13 +137,17 @@ def ablation_markdown(result: dict[str, Any]) -> str:
         f"{result.get('rl_updates_per_batch') or 1} per rollout batch of {result['rl_prompts_per_step']} text prompts "
         f"(plus as many vision prompts in the text+vision arm) x {result['rl_k']} responses each, "
         f"{result['seeds']} seed(s). Scores are accuracies in %, mean ± the 95% "
-        "confidence half-width over seeds (Student t; the delta's interval is over the paired per-seed deltas).",
+        "confidence half-width over seeds (Student t; the delta's interval is over the paired per-seed deltas), "
+        "beside chance, the best constant answer and the SFT checkpoint itself on the same items.",
         "",
-        "| benchmark | RL text | RL text+vision | delta (vision - text) |",
-        "|---|---|---|---|",
+        "| benchmark | chance | constant answer | SFT checkpoint | RL text | RL text+vision | delta (vision - text) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for b, s in result["summary"].items():
-        lines.append(f"| {b}{proxy} | {_pct(*s['text'])} | {_pct(*s['text+vision'])} | {_pct(*s['delta'])} |")
+        base = result["baselines"][b]
+        lines.append(f"| {b}{proxy} | {100 * base['chance']:.1f} | {100 * base['constant']:.1f} | "
+                     f"{100 * base['sft']:.1f} | {_pct(*s['text'])} | {_pct(*s['text+vision'])} | "
+                     f"{_pct(*s['delta'])} |")
     vision = result.get("start_reward", {}).get("text+vision", {}).get("vision")
     if vision is not None:
         lines += ["", f"Mean reward at the start of RL (first fifth of the steps, mean over seeds): text tasks "
@@ -167,6 +178,11 @@ def plot_ablation(result: dict[str, Any], path: Path) -> Path:
         errs = [0 if math.isnan(h := result["summary"][b][arm][1]) else 100 * h for b in benchmarks]
         ax.bar([j + (i - 0.5) * width for j in range(len(benchmarks))], means, width, yerr=errs, capsize=4,
                label=f"RL {arm}")
+    for j, b in enumerate(benchmarks):
+        base = result["baselines"][b]
+        for key, style, label in (("sft", "-", "SFT checkpoint"), ("constant", "--", "constant answer")):
+            ax.hlines(100 * base[key], j - width, j + width, colors="black", linestyles=style,
+                      label=label if j == 0 else None)
     ax.set_xticks(range(len(benchmarks)), benchmarks)
     ax.set(ylabel="accuracy (%)", title="Vision-RL ablation (95% CI over seeds)")
     ax.legend()

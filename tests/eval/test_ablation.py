@@ -27,9 +27,10 @@ def test_markdown_labels_proxies_and_states_sizes():
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 5, "rl_prompts_per_step": 8, "rl_k": 4,
               "seeds": 2, "proxies": True, "items": {"mmlu_pro_synth": 10, "mathvista_synth": 400},
               "eval_options": {"num_shots": 0},
+              "baselines": {"mmlu_pro_synth": {"chance": 0.1, "constant": 0.143, "sft": 0.25}},
               "summary": {"mmlu_pro_synth": {"text": (0.2, 0.1), "text+vision": (0.3, 0.05), "delta": (0.1, 0.2)}}}
     md = ablation_markdown(result)
-    assert "| mmlu_pro_synth (synthetic proxy) | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
+    assert "| mmlu_pro_synth (synthetic proxy) | 10.0 | 14.3 | 25.0 | 20.0 ± 10.0 | 30.0 ± 5.0 | 10.0 ± 20.0 |" in md
     assert "preset `tiny`" in md and "5 optimizer steps, 1 per rollout batch of 8 text prompts" in md
     assert "x 4 responses" in md and "not MMLU-Pro" in md
     assert "Items per benchmark: mmlu_pro_synth 10, mathvista_synth 400; evaluation options: {'num_shots': 0}" in md
@@ -47,18 +48,23 @@ def test_ablation_evaluates_each_benchmark_on_its_own_item_count(tmp_path, monke
     calls = []
 
     def fake_evaluate(engine, benchmarks, out_dir, config):
-        calls.append((benchmarks[0], config.limit, Path(out_dir).name))
-        return {"benchmarks": {benchmarks[0]: {"accuracy": 0.5}}}
+        calls.append((engine, benchmarks[0], config.limit, Path(out_dir).name))
+        return {"benchmarks": {benchmarks[0]: {"accuracy": 0.5 if engine == "sft" else 0.6, "chance": 0.1,
+                                               "constant": 0.2}}}
 
     monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: None)
     monkeypatch.setattr(ablation, "read_summary", lambda path: {})
-    monkeypatch.setattr(ablation.Engine, "from_pretrained", classmethod(lambda cls, *args, **kwargs: "engine"))
+    monkeypatch.setattr(ablation.Engine, "from_pretrained",
+                        classmethod(lambda cls, model_dir, **kwargs: "sft" if str(model_dir) == "sft" else "rl"))
     monkeypatch.setattr(ablation, "evaluate", fake_evaluate)
     monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
     result = ablation.vision_rl_ablation("sft", tmp_path, seeds=2, limit=limit, data_dir=data_dir, progress=False)
     assert result["items"] == expected
-    assert len(calls) == 2 * 2 * len(expected)  # seeds x arms x benchmarks
-    assert {(b, n, d) for b, n, d in calls} == {(b, n, b) for b, n in expected.items()}
+    assert len(calls) == (2 * 2 + 1) * len(expected)  # (seeds x arms + the SFT checkpoint) x benchmarks
+    assert {(b, n, d) for _, b, n, d in calls} == {(b, n, b) for b, n in expected.items()}
+    assert [c[0] for c in calls[:len(expected)]] == ["sft"] * len(expected)
+    assert result["baselines"] == {b: {"chance": 0.1, "constant": 0.2, "sft": 0.5} for b in expected}
+    assert all(v == [0.6, 0.6] for arm in result["scores"].values() for v in arm.values())
 
 
 @pytest.mark.parametrize("vision, informative", [(0.25, True), (0.01, False)])
@@ -86,6 +92,7 @@ def test_ablation_command_end_to_end(tmp_path):
     result = json.loads((out / "ablation.json").read_text())
     assert result["benchmarks"] == ["mmlu_pro_synth", "mathvista_synth"] and result["proxies"]
     assert result["items"] == {"mmlu_pro_synth": 3, "mathvista_synth": 3}
+    assert set(result["baselines"]) == set(result["benchmarks"]) and (out / "sft_eval" / "mathvista_synth").is_dir()
     assert result["eval_options"] == PROXY_EVAL_CONFIG.changes()  # the quickstart's proxy settings, comparable
     for arm in ("text", "text+vision"):
         assert all(len(v) == 2 for v in result["scores"][arm].values())
