@@ -77,6 +77,27 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert "| after SFT | after RL | after RL, fresh draw |" in write_report(tmp_path, {}).read_text()
 
 
+@pytest.mark.parametrize("accuracy, proxy, warned", [(0.129, True, True), (0.24, True, True), (0.25, True, False),
+                                                     (0.129, False, False)])
+def test_report_warns_when_the_text_proxy_sits_at_its_constant_answer(tmp_path, accuracy, proxy, warned):
+    """A run whose MMLU-Pro proxy after RL is within 10 points of its constant answer (the option-letter lookup not
+    learned) says so in REPORT.md and tells the user what to do; a real benchmark, where a tiny model is always near
+    its constant answer, gets no such warning."""
+    from kimi_vl.quickstart import letter_lookup_warnings, write_report
+
+    (tmp_path / "eval").mkdir()
+    text = {"proxy": proxy, "accuracy": 0.7, "correct": 98, "total": 140, "chance": 0.1, "constant": 0.143,
+            "constant_answer": "always (J)", "categories": {}}
+    done = {name: {"mmlu_pro_synth": dict(text, accuracy=accuracy) if name == "rl" else text}
+            for name in ("sft", "rl")}
+    (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
+    report = write_report(tmp_path, {}).read_text()
+    assert ("**Warning.**" in report) is warned and len(letter_lookup_warnings(done)) == int(warned)
+    if warned:
+        assert f"mmlu_pro_synth is {100 * accuracy:.1f}%, at its constant answer (14.3%)" in report
+        assert "rerun with another `--seed`" in report
+
+
 def test_report_sets_the_demo_beside_its_constant_answer(tmp_path):
     """The demo's paragraph gives the blank page, the true page and the fixed pages' mean with the share of the gap
     each closes; a demo of a run from before the fixed pages still renders, without that sentence."""
