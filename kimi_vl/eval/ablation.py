@@ -77,13 +77,13 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     benchmarks = ("mmlu_pro", "mathvista") if data_dir else ("mmlu_pro_synth", "mathvista_synth")
     options = config or (EvalConfig() if data_dir else PROXY_EVAL_CONFIG)
     items = {b: limit if limit is not None or data_dir else ABLATION_PROXY_ITEMS[b] for b in benchmarks}
-    eval_config = dataclasses.replace(options, data_dir=data_dir, progress=progress)
+    configs = {b: dataclasses.replace(options, data_dir=data_dir, limit=items[b], progress=progress)
+               for b in benchmarks}  # checked here, before any run
 
     def score(model_dir: Path, eval_dir: Path) -> dict[str, dict[str, Any]]:
-        engine = Engine.from_pretrained(model_dir, device=eval_config.device, dtype=eval_config.dtype,
-                                        trust_remote_code=eval_config.trust_remote_code)
-        return {b: evaluate(engine, [b], eval_dir / b, dataclasses.replace(eval_config, limit=items[b]))[
-            "benchmarks"][b] for b in benchmarks}
+        engine = Engine.from_pretrained(model_dir, device=options.device, dtype=options.dtype,
+                                        trust_remote_code=options.trust_remote_code)
+        return {b: evaluate(engine, [b], eval_dir / b, configs[b])["benchmarks"][b] for b in benchmarks}
 
     sft_scores = score(Path(sft_dir), out_dir / "sft_eval")
     scores: dict[str, dict[str, list[float]]] = {arm: {b: [] for b in benchmarks} for arm in ARMS}
