@@ -178,11 +178,13 @@ not learned (runs that learned it score 69-84%; one that did not, 12.9% against 
 
 
 def letter_lookup_warnings(ev: dict[str, Any]) -> list[str]:
-    """A warning for each MMLU-Pro proxy the RL model scores at its constant answer (empty when none does)."""
-    return [f"After RL, {name} is {100 * e['accuracy']:.1f}%, at its constant answer ({100 * e['constant']:.1f}%): "
-            "this run's pre-training most likely did not learn to find an option's letter, which happened on 1 of "
-            "16 probed pre-training runs of the full schedule (docs/RESULTS.md); rerun with another `--seed`. A run "
-            "shortened with `--scale` is not expected to learn it."
+    """A warning for each MMLU-Pro proxy the RL model scores within `LOOKUP_MARGIN` of its constant answer (empty
+    when none)."""
+    return [f"After RL, {name} is {100 * e['accuracy']:.1f}%, within {100 * LOOKUP_MARGIN:.0f} points of its "
+            f"constant answer ({100 * e['constant']:.1f}%): this run's pre-training most likely did not learn to "
+            "find an option's letter, which happened on 1 of 16 probed pre-training runs of the full schedule "
+            "(docs/RESULTS.md); rerun with another `--seed`. A run shortened with `--scale` is not expected to learn "
+            "it."
             for name, e in ev.get("rl", {}).items()
             if name.startswith("mmlu_pro") and e.get("proxy") and e["accuracy"] < e["constant"] + LOOKUP_MARGIN]
 
