@@ -182,7 +182,7 @@ def letter_lookup_warnings(ev: dict[str, Any]) -> list[str]:
     when none)."""
     return [f"After RL, {name} is {100 * e['accuracy']:.1f}%, within {100 * LOOKUP_MARGIN:.0f} points of its "
             f"constant answer ({100 * e['constant']:.1f}%): this run's pre-training most likely did not learn to "
-            "find an option's letter, which happened on 1 of 16 probed pre-training runs of the full schedule "
+            "find an option's letter, which happened on 1 of 24 probed pre-training runs of the full schedule "
             "(docs/RESULTS.md); rerun with another `--seed`. A run shortened with `--scale` is not expected to learn "
             "it."
             for name, e in ev.get("rl", {}).items()

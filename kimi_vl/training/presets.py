@@ -71,7 +71,7 @@ PRESETS: dict[str, Preset] = {
         # start the lookup was learned on two seeds of four, with the ramp on every seed tried on one machine but
         # missed on 3 runs of 11 on another). Their options are lettered by any of A-J (`drill_any_letters`): lettered
         # A, B, C the few-option questions let a run settle on those letters' frequencies and miss the lookup; so
-        # lettered, 15 probed runs of 16 were off chance by the drill's end (the two that had missed included).
+        # lettered, 23 probed runs of 24 were off chance by the drill's end (the two that had missed included).
         # One-colour images (`swatch`: every image token carries the answer) teach the language model to read image
         # tokens within tens of steps, where shapes among background tokens alone take hundreds; learned early, the
         # reading carries over to shapes. In the drill they are a small share (weight 1: at weight 3 their documents
