@@ -17,6 +17,7 @@ Tasks (`Sample.task`):
 | task        | media | question (example)                                   | answer         | reward      |
 |-------------|-------|------------------------------------------------------|----------------|-------------|
 | arithmetic  | -     | What is 17 + 25?                                     | 42             | number      |
+| units       | -     | How many minutes are in 6 hours?                     | 360            | number      |
 | mc          | -     | What color is Bavo? + 10 options A-J                 | C              | choice      |
 | fact        | -     | How many legs does Bavo have?                        | 6              | number/ocr  |
 | lookup      | -     | 10 options + Which letters do red and 7 have?        | (C), (H)       | ocr         |
@@ -54,7 +55,7 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -80,7 +81,7 @@ TOWNS: tuple[str, ...] = ("Ash", "Elm", "Fig", "Oak", "Yew", "Bay", "Cob", "Dew"
 LETTERS = "ABCDEFGHIJ"
 WORLD_SEED = 20240601
 
-TEXT_TASKS: tuple[str, ...] = ("arithmetic", "mc", "fact", "lookup")
+TEXT_TASKS: tuple[str, ...] = ("arithmetic", "units", "mc", "fact", "lookup")
 VISION_TASKS: tuple[str, ...] = ("count", "color", "swatch", "shape", "chart_bar", "chart_line", "ocr", "grounding",
                                  "visual_math")
 VIDEO_TASKS: tuple[str, ...] = ("screencast", "page_color")
@@ -319,6 +320,29 @@ _UNITS = (("meters", "centimeters", 100), ("kilometers", "meters", 1000), ("hour
           ("liters", "milliliters", 1000))
 
 
+def _conversion(rng: random.Random, quantity: Callable[[random.Random], int]) -> tuple[str, str, str, int, int]:
+    """`(question, cot, entity, k, factor)`: a drawn unit, `k = quantity(rng)` of it, asked in one of
+    `UNIT_QUESTIONS`' wordings (drawn in that order); `cot` is the worked step the `mc` and `units` replies state,
+    `factor` the unit's size in the smaller unit."""
+    big, small, factor = rng.choice(_UNITS)
+    k = quantity(rng)
+    question = rng.choice(UNIT_QUESTIONS).format(small=small, k=k, big=big)
+    cot = f"One of the {big} is {factor} {small}, so {k} {big} is {k} * {factor} = {k * factor} {small}."
+    return question, cot, f"{k} {big} in {small}", k, factor
+
+
+def _units_quantity(rng: random.Random) -> int:
+    # Half the quantities are 2-9, as the `mc` conversions ask; half are 10-99, so that copying the question's
+    # quantity, not recalling one met with its units and wording, is what lowers the loss on it.
+    return rng.randint(2, 9) if rng.random() < 0.5 else rng.randint(10, 99)
+
+
+def _task_units(rng: random.Random) -> Sample:
+    question, cot, entity, k, factor = _conversion(rng, _units_quantity)
+    return Sample("units", question, str(k * factor), f"{cot} The answer is {k * factor}.", "number",
+                  meta={"entity": entity, "key": f"question:{question}"})
+
+
 def _task_mc(rng: random.Random) -> Sample:
     kind = rng.choice(("world", "world", "arithmetic", "units"))
     if kind == "arithmetic":
@@ -326,13 +350,11 @@ def _task_mc(rng: random.Random) -> Sample:
         correct, pool = str(c), _number_pool(rng, c)
         cot, category, src = f"We compute {entity} = {c}.", "math", "synthetic-arithmetic"
     elif kind == "units":
-        big, small, factor = rng.choice(_UNITS)
-        k = rng.randint(2, 9)
-        stem, correct = rng.choice(UNIT_QUESTIONS).format(small=small, k=k, big=big), str(k * factor)
+        stem, cot, entity, k, factor = _conversion(rng, lambda r: r.randint(2, 9))
+        correct = str(k * factor)
         pool = [str(k * factor + d * factor // 10) for d in range(-12, 13) if d] + [str(k), str(factor)]
         pool = [p for p in pool if int(p) > 0]
-        cot = f"One of the {big} is {factor} {small}, so {k} {big} is {k} * {factor} = {k * factor} {small}."
-        category, src, entity = "engineering", "synthetic-units", f"{k} {big} in {small}"
+        category, src = "engineering", "synthetic-units"
     else:
         c = rng.choice(WORLD)
         attr = rng.choice(("color", "town", "legs"))
@@ -643,10 +665,10 @@ def _task_page_color(rng: random.Random) -> Sample:
 
 
 _TASKS = {
-    "arithmetic": _task_arithmetic, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup, "count": _task_count,
-    "color": _task_color, "swatch": _task_swatch, "shape": _task_shape, "chart_bar": _task_chart_bar,
-    "chart_line": _task_chart_line, "ocr": _task_ocr, "grounding": _task_grounding, "visual_math": _task_visual_math,
-    "screencast": _task_screencast, "page_color": _task_page_color,
+    "arithmetic": _task_arithmetic, "units": _task_units, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup,
+    "count": _task_count, "color": _task_color, "swatch": _task_swatch, "shape": _task_shape,
+    "chart_bar": _task_chart_bar, "chart_line": _task_chart_line, "ocr": _task_ocr, "grounding": _task_grounding,
+    "visual_math": _task_visual_math, "screencast": _task_screencast, "page_color": _task_page_color,
 }
 
 

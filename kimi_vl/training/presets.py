@@ -80,7 +80,7 @@ PRESETS: dict[str, Preset] = {
         data={
             "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
-                                   text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "lookup": 4},
+                                   text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "units": 1, "lookup": 4},
                                    vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 3},
                                    drill_batches=450, drill_lookups=10, drill_ramp_batches=300, drill_any_letters=True,
                                    drill_vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 1}),

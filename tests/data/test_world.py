@@ -272,6 +272,24 @@ def test_multiple_choice_responses_look_the_answer_up_in_the_options():
                 in s.response
 
 
+def test_unit_conversions_state_the_questions_quantity():
+    """`units` replies work the conversion out from the question's own quantity (half 2-9 as `mc` asks, half
+    10-99), with the step `mc` replies state for the same conversion."""
+    quantities = []
+    for s in make_samples(("units",), 200, seed=4):
+        k = int(re.search(r"\b(\d+) (?:meters|kilometers|hours|minutes|kilograms|days|weeks|liters)\b",
+                          s.question).group(1))
+        big, factor, small = re.search(r"One of the (\w+) is (\d+) (\w+), so", s.response).groups()
+        assert f" {k} {big}" in f" {s.question}" and small in s.question
+        assert s.answer == str(k * int(factor)) and s.response.endswith(f"The answer is {s.answer}.")
+        quantities.append(k)
+    assert min(quantities) == 2 and max(quantities) > 90 and 0.35 < sum(k < 10 for k in quantities) / 200 < 0.65
+    mc = [s for s in make_samples(("mc",), 200, seed=4) if s.meta["src"] == "synthetic-units"]
+    steps = {s.question: s.response.split(" The answer")[0] for s in make_samples(("units",), 2000, seed=5)}
+    shared = [s for s in mc if s.meta["stem"] in steps]
+    assert shared and all(s.meta["cot"].startswith(steps[s.meta["stem"]]) for s in shared)
+
+
 def test_lookup_drill_letters_match_the_options():
     seen = set()
     for s in make_samples(("lookup",), 40, seed=2):

@@ -122,20 +122,22 @@ def test_stage_outputs_load_without_kimi_vl(pretrained, tmp_path):
 def test_rl_prompts_give_every_task_its_share_and_arms_the_same_text_prompts():
     """Each family's tasks come equally often over the steps (visual_math and grounding included), and adding the
     vision family adds its prompts without taking any text prompt away (the Vision-RL ablation's arms)."""
+    import math
     from collections import Counter
 
     from kimi_vl.training.stages import RL_FAMILIES, world_prompts
 
     seen = Counter()
-    for step in range(40):
+    steps = math.lcm(*(len(tasks) for tasks in RL_FAMILIES.values()))  # 4 prompts a step: whole cycles of each
+    for step in range(steps):
         both = world_prompts(["text", "vision"], 4, seed=0, step=step)
         text = world_prompts(["text"], 4, seed=0, step=step)
         assert [s.task for s in both[:4]] == [s.task for s in text] and len(both) == 8
         assert [s.question for s in both[:4]] == [s.question for s in text]
         seen.update(s.task for s in both)
     assert set(seen) == set(RL_FAMILIES["text"]) | set(RL_FAMILIES["vision"])
-    for family in ("text", "vision"):  # 40 steps x 4 prompts: whole cycles of 2 and 8 tasks
-        assert {seen[t] for t in RL_FAMILIES[family]} == {160 // len(RL_FAMILIES[family])}, family
+    for family in ("text", "vision"):
+        assert {seen[t] for t in RL_FAMILIES[family]} == {4 * steps // len(RL_FAMILIES[family])}, family
 
 
 def test_family_rewards_average_each_familys_task_entries():
