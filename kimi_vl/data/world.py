@@ -7,7 +7,8 @@ vocabulary is deliberately small (10 colours, 4 shapes, 16 creatures, 10 towns, 
 
 The world has fixed facts (the same for every seed, see `WORLD`): 16 creatures, each with a colour, a home town and
 a number of legs. `fact` samples state them in prose, `mc` samples ask about them (and about arithmetic and unit
-conversions) as 10-option multiple choice questions in MMLU-Pro's format. `lookup` samples drill the step every
+conversions) as 10-option multiple choice questions in MMLU-Pro's format; `arithmetic` and `units` ask sums and
+conversions free-form. `lookup` samples drill the step every
 multiple-choice answer ends with, finding an option's letter from its value: the options of an `mc` question, then
 the request for the letters of 3 to 6 of them, answered with one "The option 42 is (C)." sentence each (the phrase
 `mc` responses use).
