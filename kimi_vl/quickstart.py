@@ -54,6 +54,8 @@ FRESH_SEED_OFFSET = 1
 KEEP = ("accuracy", "correct", "total", "proxy", "chance", "constant", "constant_answer", "categories")
 MATHVISTA_PARTS = ("general-vqa", "math-targeted-vqa")
 """MathVista's two categories: counting objects in scenes; values read off charts and geometry diagrams."""
+MMLU_PRO_SYNTH_PARTS = ("other", "engineering", "math")
+"""The MMLU-Pro proxy's categories: the world's facts, unit conversions, two-digit arithmetic."""
 
 
 def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress: bool) -> dict[str, Any]:
@@ -200,6 +202,24 @@ def _baseline(entry: dict[str, Any], key: str) -> str:
     return f"{100 * entry[key]:.1f}%" + (f" ({entry['constant_answer']})" if key == "constant" else "")
 
 
+def _parts_table(ev: dict[str, Any], name: str, parts: tuple[str, ...], stages: list[str], heads: dict[str, str],
+                 caption: str) -> list[str]:
+    """Markdown lines: benchmark `name`'s `parts` (categories, those its RL entry has) at every stage, each beside
+    its own chance and best constant answer."""
+    parts = tuple(p for p in parts if p in ev["rl"][name].get("categories", {}))
+    if not parts:
+        return []
+    lines = ["", f"{name} {caption}, each beside its own chance and best constant answer:", "",
+             "| part | chance | constant answer | " + " | ".join(heads[n] for n in stages) + " |",
+             "|---|---|---|" + "---|" * len(stages)]
+    for part in parts:
+        base = ev["rl"][name]["categories"][part]
+        lines.append(f"| {part} | {_baseline(base, 'chance')} | {_baseline(base, 'constant')} | "
+                     + " | ".join(_cell(ev[n][name]["categories"][part]) if part in ev[n][name]["categories"]
+                                  else "-" for n in stages) + " |")
+    return lines
+
+
 def evaluation_section(ev: dict[str, Any]) -> list[str]:
     """REPORT.md's evaluation: each benchmark against chance and the best constant answer at every stage, the fresh
     draw, MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision
@@ -214,17 +234,14 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
         lines.append(f"| {name} | {100 * entry['chance']:.1f}% | {100 * entry['constant']:.1f}% "
                      f"({entry['constant_answer']}) | " + " | ".join(_cell(ev[n][name]) for n in stages) + " |")
     lines += [f"\n**Warning.** {line}" for line in letter_lookup_warnings(ev)]
+    text = next((n for n in ev["sft"] if n.startswith("mmlu_pro")), None)
+    if text is not None and ev["sft"][text].get("proxy"):
+        lines += _parts_table(ev, text, MMLU_PRO_SYNTH_PARTS, stages, heads, "by category (other = the world's facts, "
+                              "engineering = unit conversions, math = two-digit arithmetic)")
     vision = next((n for n in ev["sft"] if n.startswith("mathvista")), None)
     if vision is not None:
-        parts = [p for p in MATHVISTA_PARTS if p in ev["rl"][vision]["categories"]]
-        lines += ["", f"{vision} by part (category: general-vqa = counting, math-targeted-vqa = values read off "
-                  "charts and diagrams), each beside its own chance and best constant answer:", "",
-                  "| part | chance | constant answer | " + " | ".join(heads[n] for n in stages) + " |",
-                  "|---|---|---|" + "---|" * len(stages)]
-        for part in parts:
-            base = ev["rl"][vision]["categories"][part]
-            lines.append(f"| {part} | {_baseline(base, 'chance')} | {_baseline(base, 'constant')} | "
-                         + " | ".join(_cell(ev[n][vision]["categories"][part]) for n in stages) + " |")
+        lines += _parts_table(ev, vision, MATHVISTA_PARTS, stages, heads, "by part (category: general-vqa = counting, "
+                              "math-targeted-vqa = values read off charts and diagrams)")
         if "pretrain" in ev:
             before, after = ev["pretrain"][vision]["accuracy"], ev["sft"][vision]["accuracy"]
             lines += ["", f"Zero-vision SFT (no image in any SFT sample) moves {vision} from {100 * before:.1f}% to "

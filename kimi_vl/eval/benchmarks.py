@@ -84,6 +84,8 @@ class MMLUPro(Benchmark):
         records = [{**it.row, "model_outputs": responses[it.id], "pred": answers[it.id]} for it in prompts.items]
         write_json(run.out_dir / f"results.{self.name}.json", records)
         result = mp.score(records)
+        for category, entry in result["categories"].items():  # each category beside its own baselines
+            entry.update(mp.baselines([r for r in records if r["category"] == category]))
         shots = Counter(r["shots"] for r in records)
         deviations = [
             "generation with transformers `generate` (greedy) instead of vLLM; the stop string is checked on the "

@@ -42,8 +42,9 @@ def test_quickstart_smoke(tmp_path):
 
 def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL, the fresh draw),
-    chance and the best constant answer, MathVista's two parts, the zero-vision SFT transfer, and says how accuracy
-    was measured; an eval/done.json without the pre-training entry still renders."""
+    chance and the best constant answer, the MMLU-Pro proxy's categories and MathVista's two parts (each beside its
+    own baselines), the zero-vision SFT transfer, and says how accuracy was measured; an eval/done.json without the
+    pre-training entry still renders."""
     from kimi_vl.eval.proxies import PROXY_EVAL_CONFIG
     from kimi_vl.quickstart import write_report
 
@@ -59,7 +60,15 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
                                "math-targeted-vqa": {"accuracy": c / 60, "correct": c // 6, "total": 60}}
         return e
 
-    done = {name: {"mmlu_pro_synth": entry(70 + i), "mathvista_synth": entry(20 + i, parts=True)}
+    def text_entry(c):
+        e = entry(c)
+        e["categories"] = {"math": {"accuracy": c / 200, "correct": c // 20, "total": 10, "chance": 0.1,
+                                    "constant": 0.2, "constant_answer": "always (C)"},
+                           "other": {"accuracy": 1.0, "correct": 60, "total": 60, "chance": 0.1, "constant": 0.15,
+                                     "constant_answer": "always (A)"}}
+        return e
+
+    done = {name: {"mmlu_pro_synth": text_entry(70 + i), "mathvista_synth": entry(20 + i, parts=True)}
             for i, name in enumerate(("pretrain", "sft", "rl", "fresh"))}
     done.update(settings=PROXY_EVAL_CONFIG.changes())
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
@@ -69,6 +78,10 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert "| mathvista_synth | 5.0% | 13.0% ((D) on multiple choice, 3 on free form) | 20.0% (20/100) |" in report
     assert ("| general-vqa | 10.0% | 30.0% ((B) on multiple choice, 5 on free form) | 50.0% (5/40) |" in report
             and "| math-targeted-vqa | - | - | 33.3% (3/60) |" in report)
+    assert "mmlu_pro_synth by category (other = the world's facts" in report  # facts, conversions, arithmetic
+    assert ("| other | 10.0% | 15.0% (always (A)) | 100.0% (60/60) |" in report
+            and "| math | 10.0% | 20.0% (always (C)) | 35.0% (3/10) | 35.5% (3/10) |" in report
+            and "| engineering |" not in report)
     assert "moves mathvista_synth from 20.0% to 21.0% (+1.0 points)" in report
     assert "After RL, mathvista_synth is +9.0 points from its best constant answer." in report
     assert "official answer extraction" in report and "held out from every training draw" in report

@@ -102,6 +102,11 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     results = json.loads((out / "results.mmlu_pro.json").read_text())
     assert [(r["category"], r["shots"]) for r in results] == [("computer science", 1)] * 2 + [("math", 2)] * 2
     assert all("pred" in r and "model_outputs" in r for r in results)
+    for category, entry in mmlu["categories"].items():  # each MMLU-Pro category beside its own baselines
+        rows = [r for r in results if r["category"] == category]
+        assert entry["chance"] == pytest.approx(sum(1 / len(r["options"]) for r in rows) / len(rows))
+        top = max(sum(r["answer"] == a for r in rows) for a in {r["answer"] for r in rows})
+        assert entry["constant"] == pytest.approx(top / len(rows)) and entry["constant_answer"].startswith("always (")
     mathvista = report["benchmarks"]["mathvista"]
     scores = json.loads((out / "scores.mathvista.json").read_text())
     assert scores["average"]["total"] == 3 and list(scores)[1:] == list(mv.SCORE_KEYS)
