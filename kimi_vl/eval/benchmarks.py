@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import mathvista as mv
 from . import mmlu_pro as mp
 from .generation import Engine, first_line
-from .proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE, mathvista_synth, mmlu_pro_synth
+from .proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE, lookup_misses, mathvista_synth, mmlu_pro_synth
 from .registry import Benchmark, BenchmarkData, Item, Prompts, register
 
 if TYPE_CHECKING:
@@ -132,6 +132,12 @@ class MMLUProSynth(MMLUPro):
                                    config.proxy_split)
         return self._data(mp.ordered_items(test), val,
                           f"synthetic world, {config.proxy_split} split, seed {config.proxy_seed}")
+
+    def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
+              run: EvalRun) -> dict[str, Any]:
+        """MMLU-Pro's scores, and `lookup_misses`: replies with the right value and a wrong letter."""
+        records = [{**it.row, "model_outputs": responses[it.id]} for it in prompts.items]
+        return {**super().score(prompts, responses, answers, run), "lookup_misses": lookup_misses(records)}
 
 
 # ----------------------------------------------------------------------------------------------------- MathVista

@@ -17,6 +17,7 @@ validation split. `kimi_vl.eval.benchmarks` registers them.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -43,6 +44,22 @@ def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED, split: 
     pool = [preprocess(r) for r in world.mmlu_pro_rows(max(SHOT_POOL, n), seed + 1, "val")]
     val = [r for r in pool if r.get("cot_content")]
     return test, val
+
+
+_LOOKUP = re.compile(r"The option (.+?) is \(([A-J])\)\.")
+
+
+def lookup_misses(records: list[dict[str, Any]]) -> int:
+    """How many of the MMLU-Pro proxy's scored `records` (rows with `options`, `answer` and the reply
+    `model_outputs`) work out the right option's value and then write another letter for it: the reply's last
+    "The option 42 is (C)." step (`world.option_lookup`) names the right value with a wrong letter. These are the
+    misses of the option-letter lookup alone, the step the pre-training drill teaches."""
+    misses = 0
+    for r in records:
+        steps = _LOOKUP.findall(r["model_outputs"])
+        if steps and steps[-1][0] == r["options"][ord(r["answer"]) - ord("A")] and steps[-1][1] != r["answer"]:
+            misses += 1
+    return misses
 
 
 def mathvista_synth(

@@ -62,6 +62,7 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
 
     def text_entry(c):
         e = entry(c)
+        e["lookup_misses"] = c - 70
         e["categories"] = {"math": {"accuracy": c / 200, "correct": c // 20, "total": 10, "chance": 0.1,
                                     "constant": 0.2, "constant_answer": "always (C)"},
                            "other": {"accuracy": 1.0, "correct": 60, "total": 60, "chance": 0.1, "constant": 0.15,
@@ -83,6 +84,8 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
             and "| math | 10.0% | 20.0% (always (C)) | 35.0% (3/10) | 35.5% (3/10) |" in report
             and "| engineering |" not in report)
     assert "moves mathvista_synth from 20.0% to 21.0% (+1.0 points)" in report
+    assert ("mmlu_pro_synth replies that name the right value and then a wrong letter (the option-letter lookup's "
+            "misses), of 100: after pre-training 0, after SFT 1, after RL 2, after RL, fresh draw 3." in report)
     assert "After RL, mathvista_synth is +9.0 points from its best constant answer." in report
     assert "official answer extraction" in report and "held out from every training draw" in report
     del done["pretrain"]
@@ -109,6 +112,24 @@ def test_report_warns_when_the_text_proxy_sits_at_its_constant_answer(tmp_path, 
     if warned:
         assert f"mmlu_pro_synth is {100 * accuracy:.1f}%, within 10 points of its constant answer (14.3%)" in report
         assert "rerun with another `--seed`" in report
+
+
+@pytest.mark.parametrize("misses, warned", [(1, False), (6, False), (7, True), (11, True)])
+def test_report_warns_when_the_lookup_is_only_partly_learned(tmp_path, misses, warned):
+    """A run whose MMLU-Pro proxy replies after RL name the right value and then a wrong letter on 5% of the items
+    or more (the lookup partly learned; 0-1 of 140 where it was learned) says so, with the count."""
+    from kimi_vl.quickstart import letter_lookup_warnings, write_report
+
+    (tmp_path / "eval").mkdir()
+    text = {"proxy": True, "accuracy": 0.743, "correct": 104, "total": 140, "chance": 0.1, "constant": 0.143,
+            "constant_answer": "always (J)", "categories": {}, "lookup_misses": 0}
+    done = {"sft": {"mmlu_pro_synth": text}, "rl": {"mmlu_pro_synth": dict(text, lookup_misses=misses)}}
+    (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
+    report = write_report(tmp_path, {}).read_text()
+    assert len(letter_lookup_warnings(done)) == int(warned) and ("**Warning.**" in report) is warned
+    assert f"of 140: after SFT 0, after RL {misses}." in report
+    if warned:
+        assert f"After RL, {misses} of 140 mmlu_pro_synth replies name the right value and then a wrong letter" in report
 
 
 def test_report_sets_the_demo_beside_its_constant_answer(tmp_path):

@@ -233,8 +233,28 @@ def test_proxies_are_labelled(tmp_path, llama_dir):
                              EvalConfig(limit=4, max_new_tokens=2, batch_size=4, progress=False))
     assert set(report["benchmarks"]) == {"mmlu_pro_synth", "mathvista_synth"}
     assert all(e["proxy"] for e in report["benchmarks"].values())
+    assert report["benchmarks"]["mmlu_pro_synth"]["lookup_misses"] == 0  # 2 new tokens name no option
     md = (out / "report.md").read_text()
     assert md.count("(synthetic proxy)") >= 4
+
+
+def test_lookup_misses_count_the_right_value_with_a_wrong_letter():
+    """A reply whose last lookup step names the right option's value with another letter is a miss of the lookup;
+    a wrong value, a right letter, or no lookup step is not."""
+    from kimi_vl.eval.proxies import lookup_misses
+
+    options = ["300", "360", "420"]
+
+    def record(reply):
+        return {"options": options, "answer": "B", "model_outputs": reply}
+
+    replies = ["So it is 360. The option 360 is (C). The answer is (C).",  # miss
+               "The option 300 is (A). No: 6 * 60 = 360. The option 360 is (A). The answer is (A).",  # miss (last)
+               "So it is 360. The option 360 is (B). The answer is (B).",
+               "So it is 300. The option 300 is (A). The answer is (A).",
+               "The option 360 is (C). Again: 5 * 60 = 300. The option 300 is (A). The answer is (A).",
+               "The answer is (C)."]
+    assert lookup_misses([record(r) for r in replies]) == 2
 
 
 def test_argument_errors(tmp_path, llama_dir, data_dir):
