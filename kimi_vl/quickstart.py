@@ -237,8 +237,9 @@ def _parts_table(ev: dict[str, Any], name: str, parts: tuple[str, ...], stages: 
 
 def evaluation_section(ev: dict[str, Any]) -> list[str]:
     """REPORT.md's evaluation: each benchmark against chance and the best constant answer at every stage, the fresh
-    draw, MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision
-    SFT to vision."""
+    draw, the MMLU-Pro proxy's categories (facts, conversions, arithmetic) and its option-letter lookup misses,
+    MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision SFT to
+    vision."""
     proxy = any(e.get("proxy") for e in ev.get("sft", {}).values())
     stages = [n for n in (*EVAL_STAGES, "fresh") if n in ev]
     heads = {**EVAL_STAGES, "fresh": "after RL, fresh draw"}
