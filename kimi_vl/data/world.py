@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -260,6 +261,14 @@ def option_lookup(value: str, letter: str) -> str:
     "The option 42 is (C)." The value comes right before its letter, so the letter is looked up from the value
     just written (the final "The answer is (C)." then repeats it)."""
     return f"The option {value} is ({letter})."
+
+
+_OPTION_LOOKUP = re.compile(r"The option (.+?) is \(([A-J])\)\.")
+
+
+def option_lookups(text: str) -> list[tuple[str, str]]:
+    """The `(value, letter)` of every `option_lookup` step in `text`, in order."""
+    return _OPTION_LOOKUP.findall(text)
 
 
 def options_block(options: Sequence[str], letters: Sequence[str] = LETTERS) -> str:
@@ -820,6 +829,7 @@ __all__ = [
     "ALL_TASKS", "COLORS", "CURRICULUM_TASKS", "LETTERS", "MATHVISTA_HINTS", "NAMES", "PAGE_ELEMENTS",
     "SCREENCAST_QUESTION", "SHAPES",
     "TEXT_TASKS", "TOWNS", "VIDEO_TASKS", "VISION_TASKS", "WORLD", "Creature", "Sample", "make_sample", "make_samples",
-    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "options_block", "sample_rng", "sample_text",
+    "mathvista_query", "mathvista_rows", "mmlu_pro_rows", "option_lookup", "option_lookups", "options_block",
+    "sample_rng", "sample_text",
     "world_facts", "FACT_QUESTIONS", "ARITHMETIC_QUESTIONS", "UNIT_QUESTIONS", "SPLIT_SHARES", "item_key", "split_of",
 ]

@@ -17,7 +17,6 @@ validation split. `kimi_vl.eval.benchmarks` registers them.
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
@@ -46,9 +45,6 @@ def mmlu_pro_synth(n: int = MMLU_PRO_SYNTH_SIZE, seed: int = PROXY_SEED, split: 
     return test, val
 
 
-_LOOKUP = re.compile(r"The option (.+?) is \(([A-J])\)\.")
-
-
 def lookup_misses(records: list[dict[str, Any]]) -> int:
     """How many of the MMLU-Pro proxy's scored `records` (rows with `options`, `answer` and the reply
     `model_outputs`) work out the right option's value and then write another letter for it: the reply's last
@@ -56,7 +52,7 @@ def lookup_misses(records: list[dict[str, Any]]) -> int:
     misses of the option-letter lookup alone, the step the pre-training drill teaches."""
     misses = 0
     for r in records:
-        steps = _LOOKUP.findall(r["model_outputs"])
+        steps = world.option_lookups(r["model_outputs"])
         if steps and steps[-1][0] == r["options"][ord(r["answer"]) - ord("A")] and steps[-1][1] != r["answer"]:
             misses += 1
     return misses

@@ -24,6 +24,7 @@ from kimi_vl.data.world import (
     mathvista_rows,
     mmlu_pro_rows,
     option_lookup,
+    option_lookups,
     sample_rng,
 )
 from kimi_vl.demos.video2web import page_fields
@@ -266,6 +267,7 @@ def test_multiple_choice_responses_look_the_answer_up_in_the_options():
         value = s.choices[LETTERS.index(s.answer)]
         assert s.response.endswith(f"The option {value} is ({s.answer}). The answer is ({s.answer}).")
         assert s.meta["cot"].endswith(option_lookup(value, s.answer))
+        assert option_lookups(s.response) == [(value, s.answer)]  # the parser reads back what the writer wrote
     for s in make_samples(("visual_math",), 60, seed=1):
         if s.choices:
             assert f"{option_lookup(s.choices[LETTERS.index(s.answer)], s.answer)} The answer is ({s.answer})." \
