@@ -78,6 +78,10 @@ class MMLUPro(Benchmark):
     def baselines(self, data: BenchmarkData) -> dict[str, Any]:
         return mp.baselines(list(data.rows.values()))
 
+    def diagnostics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """Entries the report adds beside the official scores, from the scored `records` (none for MMLU-Pro)."""
+        return {}
+
     def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
               run: EvalRun) -> dict[str, Any]:
         config = run.config
@@ -116,6 +120,7 @@ class MMLUPro(Benchmark):
                 "extraction": "official 3-level chain", "decoding": "greedy",
             },
             "deviations": deviations,
+            **self.diagnostics(records),
         }
 
 
@@ -133,11 +138,9 @@ class MMLUProSynth(MMLUPro):
         return self._data(mp.ordered_items(test), val,
                           f"synthetic world, {config.proxy_split} split, seed {config.proxy_seed}")
 
-    def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
-              run: EvalRun) -> dict[str, Any]:
-        """MMLU-Pro's scores, and `lookup_misses`: replies with the right value and a wrong letter."""
-        records = [{**it.row, "model_outputs": responses[it.id]} for it in prompts.items]
-        return {**super().score(prompts, responses, answers, run), "lookup_misses": lookup_misses(records)}
+    def diagnostics(self, records: list[dict[str, Any]]) -> dict[str, Any]:
+        """`lookup_misses`: replies with the right value and a wrong letter."""
+        return {"lookup_misses": lookup_misses(records)}
 
 
 # ----------------------------------------------------------------------------------------------------- MathVista
