@@ -6,18 +6,22 @@ same frames: a blank white page (the floor), the screencast's true HTML rendered
 the constant-answer baseline: `FIXED_PAGES` fixed pages (true pages of training screencasts, the same for every
 video; `kimi_vl.demos.video2web.fixed_page_scores`), their mean and the best of them. Prints the mean scores, the
 share of the blank-to-true gap each closes, and on how many screencasts the model is ahead of the blank page and
-of the fixed pages' mean; then the fields of the page it states right (title, header, section and button colours,
-`page_fields_read`: what the page read from the video, which the similarity only partly shows) against the fixed
-pages'. `--split val` draws the screencasts from the
-world's validation split instead of the held-out eval split: for choosing settings without looking at the reported
-figure.
+of the fixed pages' mean; how many different pages the model wrote for the `--n` videos; then the fields of the page
+it states right (title, colours and sizes, `page_fields_read`: what the page read from the video, which the
+similarity only partly shows) against the fixed pages'.
 
-    python bench/video2web.py --model runs/quickstart/model [--n 10] [--split val]
+`--field-worth` also scores what reading each kind of field is worth: every fixed page with the screencast's true
+colours put in, and with its true sizes (heights, button width) put in, each as a share of the blank-to-true gap.
+`--split val` draws the screencasts from the world's validation split instead of the held-out eval split: for
+choosing settings without looking at the reported figure.
+
+    python bench/video2web.py --model runs/quickstart/model [--n 10] [--split val] [--field-worth]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import random
 import statistics
 import tempfile
@@ -25,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from kimi_vl.data.screencast import write_video
+from kimi_vl.data.screencast import PageSpec, page_html, write_video
 from kimi_vl.data.world import make_sample
 from kimi_vl.demos.similarity import gap_closed
 from kimi_vl.demos.video2web import (
@@ -33,6 +37,7 @@ from kimi_vl.demos.video2web import (
     PAGE_FIELDS,
     blank_page_score,
     fixed_page_scores,
+    fixed_page_specs,
     fixed_pages,
     load_model,
     page_fields_read,
@@ -42,16 +47,39 @@ from kimi_vl.demos.video2web import (
 from kimi_vl.quickstart import DEMO_SEED
 
 
+def with_colors(page: PageSpec, true: PageSpec) -> PageSpec:
+    """`page` with the background colours of `true`."""
+    sections = tuple(dataclasses.replace(s, color=t.color) for s, t in zip(page.sections, true.sections, strict=True))
+    return dataclasses.replace(page, header_color=true.header_color, sections=sections, button_color=true.button_color)
+
+
+def with_sizes(page: PageSpec, true: PageSpec) -> PageSpec:
+    """`page` with the header and section heights and the button width of `true`."""
+    sections = tuple(dataclasses.replace(s, height=t.height) for s, t in zip(page.sections, true.sections, strict=True))
+    return dataclasses.replace(page, header_height=true.header_height, sections=sections,
+                               button_width=true.button_width)
+
+
+def score_page(spec: PageSpec, frames: np.ndarray, work: Path) -> float:
+    work.mkdir(parents=True)
+    (work / "page.html").write_text(page_html(spec))
+    return render_and_score(work / "page.html", frames, work)[3]["score"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--n", type=int, default=10)
     ap.add_argument("--split", choices=("eval", "val"), default="eval", help="the world's split of the screencasts")
+    ap.add_argument("--field-worth", action="store_true",
+                    help="also score the fixed pages with the true colours, and with the true sizes, put in")
     args = ap.parse_args()
     model, processor = load_model(args.model)
     model_scores, blank_scores, true_scores, fixed_scores = [], [], [], []
+    color_scores, size_scores = [], []  # per screencast: mean over the fixed pages with that field kind put in
     model_reads, fixed_reads = [], []  # per screencast: {field: right?}; the fixed pages' pooled over the pages
-    fixed = fixed_pages()
+    pages = []
+    fixed, specs = fixed_pages(), fixed_page_specs()
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.n):
             work = Path(tmp) / str(i)
@@ -70,6 +98,12 @@ def main() -> None:
             fixed_scores.append(fixed_page_scores(frames, work))
             model_reads.append(page_fields_read(result.html, cast.spec))
             fixed_reads += [page_fields_read(page, cast.spec) for page in fixed]
+            pages.append(result.html)
+            if args.field_worth:
+                color_scores.append(statistics.fmean(score_page(with_colors(s, cast.spec), frames, work / f"c{j}")
+                                                     for j, s in enumerate(specs)))
+                size_scores.append(statistics.fmean(score_page(with_sizes(s, cast.spec), frames, work / f"s{j}")
+                                                    for j, s in enumerate(specs)))
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
                   f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)
@@ -85,10 +119,17 @@ def main() -> None:
           f"{f_mean:.3f} (gap closed {gap_closed(f_mean, b, t):.2f}), best page {f_best:.3f} (gap closed "
           f"{gap_closed(f_best, b, t):.2f}); model - fixed pages' mean = {m - f_mean:+.3f} (model ahead on "
           f"{wins_fixed}/{args.n})")
+    print(f"different pages the model wrote: {len(set(pages))} for {args.n} screencasts")
     print("fields the page states right (the model's page | the fixed pages; chance 1/16 for the title, 1/12 for a "
-          "colour): " + ", ".join(
+          "colour, 1/4 for the header height, 1/10 for a section height, 1/5 for the button width): " + ", ".join(
               f"{name} {100 * statistics.fmean(r[name] for r in model_reads):.0f}% | "
               f"{100 * statistics.fmean(r[name] for r in fixed_reads):.0f}%" for name in PAGE_FIELDS))
+    if args.field_worth:
+        c, s = statistics.fmean(color_scores), statistics.fmean(size_scores)
+        print(f"what reading a kind of field is worth: the fixed pages with the true colours {c:.3f} (gap closed "
+              f"{gap_closed(c, b, t):.2f}), with the true sizes {s:.3f} (gap closed {gap_closed(s, b, t):.2f}); "
+              f"as they are {f_mean:.3f} ({gap_closed(f_mean, b, t):.2f})")
+
 
 if __name__ == "__main__":
     main()

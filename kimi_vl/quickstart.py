@@ -100,7 +100,13 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     from .data.screencast import screencast_font, write_video
     from .data.world import make_sample
     from .demos.render import BrowserNotFoundError, find_chromium
-    from .demos.video2web import blank_page_score, fixed_page_scores, render_and_score, run_video2web
+    from .demos.video2web import (
+        blank_page_score,
+        fixed_page_scores,
+        page_fields_read,
+        render_and_score,
+        run_video2web,
+    )
 
     marker = out / "demo" / "done.json"
     if (done := _done(marker)) is not None:
@@ -123,6 +129,7 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     summary = {"video": str(video), "site": str(result.site), "stop": result.stop, "new_tokens": result.new_tokens,
                "font": screencast_font(), "rendered": render, "score": (result.score or {}).get("score"),
                "blank_page_score": blank, "true_page_score": true, "fixed_page_scores": fixed,
+               "fields_read": page_fields_read(result.html, cast.spec),
                "compare": str(result.compare) if result.compare else None}
     marker.write_text(json.dumps(summary, indent=1))
     return summary
@@ -340,6 +347,11 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
                               f"mean and closes {100 * fixed_gap:.0f}%: the page has read the video only as far as it "
                               f"scores above them.")
             lines += ["", _img(out / "demo/compare.png", out, "frame | render")]
+        if demo.get("fields_read"):  # absent in runs before it was recorded
+            right = [name for name, ok in demo["fields_read"].items() if ok]
+            lines += ["", f"Of the {len(demo['fields_read'])} fields the page takes from the video "
+                      f"(`page_fields_read`: title, colours, heights, button width; chance 1/16 to 1/4 each) it states "
+                      f"{len(right)} right{': ' + ', '.join(right) if right else ''}."]
         else:
             lines += ["Chromium is not installed, so the page was not rendered (`apt-get install chromium`)."]
         lines.append("")

@@ -39,7 +39,7 @@ from PIL import Image
 from transformers import StoppingCriteriaList
 from transformers.video_utils import VideoMetadata
 
-from ..data.screencast import SECTIONS, PageSpec, page_colors
+from ..data.screencast import SECTIONS, PageSpec, page_html
 from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
@@ -53,6 +53,7 @@ __all__ = [
     "add_video2web_parser",
     "build_prompt",
     "fixed_page_scores",
+    "fixed_page_specs",
     "fixed_pages",
     "generate_html",
     "load_model",
@@ -270,10 +271,15 @@ FIXED_PAGES = 5
 """How many fixed pages `fixed_page_scores` scores by default."""
 
 
+def fixed_page_specs(n: int = FIXED_PAGES) -> list[PageSpec]:
+    """The page descriptions of `n` screencasts of the world's train split (fixed: the same on every call)."""
+    return [make_sample("screencast", sample_rng(0, j, "fixed-page")).video.spec for j in range(n)]
+
+
 def fixed_pages(n: int = FIXED_PAGES) -> list[str]:
-    """The true HTML of `n` screencasts of the world's train split (fixed: the same pages on every call): pages of
-    the kind the demo writes that do not depend on any video."""
-    return [make_sample("screencast", sample_rng(0, j, "fixed-page")).video.html for j in range(n)]
+    """The true HTML of the `fixed_page_specs(n)`: pages of the kind the demo writes that do not depend on any
+    video."""
+    return [page_html(spec) for spec in fixed_page_specs(n)]
 
 
 def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PAGES) -> list[float]:
@@ -291,29 +297,45 @@ def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PA
     return scores
 
 
-PAGE_FIELDS = ("title", "header color", *(f"section {i + 1} color" for i in range(SECTIONS)), "button color")
-"""What `page_fields_read` checks: the values a page takes from its video, one draw each from 12-16 choices."""
-_BACKGROUND = re.compile(r"background:\s*([a-z]+)")
+PAGE_FIELDS = ("title", "header color", "header height",
+               *(f"section {i + 1} {what}" for i in range(SECTIONS) for what in ("color", "height")),
+               "button color", "button width")
+"""What `page_fields_read` checks: the values a page takes from its video, each drawn uniformly (`random_page`):
+the title (chance 1/16), the background colours (1/12 each), the header's height (1/4), the sections' heights (1/10
+each) and the button's width (1/5). Sizes are CSS pixels, as strings."""
 _TITLE = re.compile(r"<body[^>]*>\s*<div[^>]*>([^<]*)</div>")
+_ELEMENT = re.compile(r'<(div|button)\b[^>]*?style="([^"]*)"')
+
+
+def _style_value(style: str, prop: str) -> str | None:
+    m = re.search(rf"(?:^|;)\s*{prop}:\s*([a-z]+|\d+)", style)
+    return m.group(1) if m else None
 
 
 def page_fields(html: str) -> dict[str, str | None]:
     """The `PAGE_FIELDS` a page states, read off its HTML as `page_html` writes it: the first `<div>`'s text (the
-    title) and the first `SECTIONS + 2` background colours in document order (header, sections, button); None
-    where the page has none."""
+    title), the first `<div>` as the header, the next `SECTIONS` `<div>`s as the sections and the first `<button>`
+    (their `background`, `height` and the button's `width`); None where the page has no such element or value."""
     title = _TITLE.search(html)
-    n = len(PAGE_FIELDS) - 1
-    colors: list[str | None] = list(_BACKGROUND.findall(html)[:n])
-    colors += [None] * (n - len(colors))
-    return dict(zip(PAGE_FIELDS, [title.group(1).strip() if title else None, *colors]))
+    elements = _ELEMENT.findall(html)
+    divs = [style for tag, style in elements if tag == "div"]
+    button = next((style for tag, style in elements if tag == "button"), None)
+    boxes = [divs[i] if i < len(divs) else None for i in range(1 + SECTIONS)]
+    values: list[str | None] = [title.group(1).strip() if title else None]
+    for style in boxes:
+        values += [_style_value(style, "background"), _style_value(style, "height")] if style else [None, None]
+    values += [_style_value(button, "background"), _style_value(button, "width")] if button else [None, None]
+    return dict(zip(PAGE_FIELDS, values, strict=True))
 
 
 def page_fields_read(html: str, spec: PageSpec) -> dict[str, bool]:
     """Which of the `PAGE_FIELDS` the page `html` gets right for the screencast of `spec`: what a generated page
-    read from the video, unlike the similarity score, which a page of the right kind earns whatever it states (the
-    title and colours are drawn uniformly: chance 1/16 for the title, 1/12 for each colour)."""
-    truth = [spec.title, *page_colors(spec)]
-    return {name: stated == true for (name, stated), true in zip(page_fields(html).items(), truth)}
+    read from the video, unlike the similarity score, which a page of the right kind earns whatever it states."""
+    truth = [spec.title, spec.header_color, str(spec.header_height)]
+    for s in spec.sections:
+        truth += [s.color, str(s.height)]
+    truth += [spec.button_color, str(spec.button_width)]
+    return {name: stated == true for (name, stated), true in zip(page_fields(html).items(), truth, strict=True)}
 
 
 def render_and_score(

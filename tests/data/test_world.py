@@ -134,8 +134,9 @@ def test_page_color_asks_one_colour_of_the_page_and_stays_out_of_rl():
         element = s.meta["element"]
         assert s.question == f"What color is the {element} of this web page?" and s.reward == "ocr"
         assert f"background:{s.answer}" in s.video.html and s.response.endswith(f"The answer is {s.answer}.")
-        stated = page_fields(s.video.html)  # the colours the page's HTML states, in page order
-        assert s.answer == dict(zip(PAGE_ELEMENTS, list(stated.values())[1:]))[element]
+        stated = page_fields(s.video.html)  # the colours the page's HTML states
+        fields = dict(zip(PAGE_ELEMENTS, ("header", "section 1", "section 2", "button"), strict=True))
+        assert s.answer == stated[f"{fields[element]} color"]
     assert {s.meta["element"] for s in samples} == set(PAGE_ELEMENTS)
     page = make_sample("screencast", sample_rng(0, 7))
     same_page = make_sample("page_color", sample_rng(0, 7))

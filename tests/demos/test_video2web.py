@@ -133,24 +133,31 @@ def test_fixed_pages_are_training_pages_scored_like_any_page(tmp_path, chromium)
 
 
 def test_page_fields_read_checks_each_stated_field():
-    """The true page states every field right; a page that swaps one colour or names another title gets exactly
-    that field wrong; a page missing its elements states None and gets them wrong; extra styled elements after the
-    button do not shift the fields."""
+    """The true page states every field right; a page that swaps one colour, one height or names another title gets
+    exactly that field wrong; a page missing its elements states None and gets them wrong; extra styled elements
+    after the button do not shift the fields."""
     spec = make_sample("screencast", random.Random(5), split="eval").video.spec
     html = page_html(spec)
-    assert page_fields(html) == {"title": spec.title, "header color": spec.header_color,
-                                 "section 1 color": spec.sections[0].color,
-                                 "section 2 color": spec.sections[1].color, "button color": spec.button_color}
-    assert all(page_fields_read(html + '<div style="background:red">x</div>', spec).values())
+    assert page_fields(html) == {
+        "title": spec.title, "header color": spec.header_color, "header height": str(spec.header_height),
+        "section 1 color": spec.sections[0].color, "section 1 height": str(spec.sections[0].height),
+        "section 2 color": spec.sections[1].color, "section 2 height": str(spec.sections[1].height),
+        "button color": spec.button_color, "button width": str(spec.button_width)}
+    assert all(page_fields_read(html + '<div style="height:9px;background:red">x</div>', spec).values())
     wrong = "tan" if spec.sections[1].color != "tan" else "plum"
     swapped = html.replace(f"background:{spec.sections[1].color}", f"background:{wrong}")
     assert [k for k, v in page_fields_read(swapped, spec).items() if not v] == ["section 2 color"]
+    taller = html.replace(f"height:{spec.sections[0].height}px;background:{spec.sections[0].color}",
+                          f"height:{spec.sections[0].height + 4}px;background:{spec.sections[0].color}")
+    assert [k for k, v in page_fields_read(taller, spec).items() if not v] == ["section 1 height"]
     retitled = html.replace(f">{spec.title}</div>", ">Nowhere</div>", 1)
     assert [k for k, v in page_fields_read(retitled, spec).items() if not v] == ["title"]
     cut = '<html><body style="margin:0"><div style="background:' + spec.header_color + '">' + spec.title + "</div>"
-    assert page_fields(cut)["button color"] is None
-    assert page_fields_read(cut, spec) == {"title": True, "header color": True, "section 1 color": False,
-                                           "section 2 color": False, "button color": False}
+    assert page_fields(cut)["button color"] is None and page_fields(cut)["header height"] is None
+    assert [k for k, v in page_fields_read(cut, spec).items() if v] == ["title", "header color"]
+    # a third section does not become the button
+    extra = html.replace("<button", f'<div style="margin:4px;height:32px;background:{wrong}">x</div><button')
+    assert all(page_fields_read(extra, spec).values())
 
 
 def test_stops_at_closing_tag(loaded, cast, monkeypatch):

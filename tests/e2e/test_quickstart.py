@@ -34,6 +34,7 @@ def test_quickstart_smoke(tmp_path):
     demo = json.loads((out / "demo" / "done.json").read_text())
     if demo["rendered"]:  # the demo's constant-answer baseline beside the blank and the true page
         assert len(demo["fixed_page_scores"]) == 5 and "The constant-answer baseline, 5 fixed pages" in report
+    assert len(demo["fields_read"]) == 9 and "fields the page takes from the video" in report
     before = (out / "model" / "model.safetensors").stat().st_mtime
     assert main(["quickstart", "--out", str(out), "--scale", "0.02", "--eval-limit", "4"]) == 0  # all stages done
     assert (out / "model" / "model.safetensors").stat().st_mtime >= before
@@ -144,7 +145,13 @@ def test_report_sets_the_demo_beside_its_constant_answer(tmp_path):
     report = write_report(tmp_path, {}).read_text()
     assert "the page closes 50% of the gap from blank to true" in report
     assert "2 fixed pages" in report and "scores 0.600 on the mean and closes 25%" in report
-    del demo["fixed_page_scores"]
+    assert "fields the page takes" not in report
+    demo["fields_read"] = {"title": False, "header color": True, "header height": False, "button width": True}
+    (tmp_path / "demo" / "done.json").write_text(json.dumps(demo))
+    report = write_report(tmp_path, {}).read_text()
+    assert "Of the 4 fields the page takes from the video" in report
+    assert "it states 2 right: header color, button width." in report
+    del demo["fixed_page_scores"], demo["fields_read"]
     (tmp_path / "demo" / "done.json").write_text(json.dumps(demo))
     report = write_report(tmp_path, {}).read_text()
     assert "closes 50% of the gap" in report and "fixed pages" not in report
