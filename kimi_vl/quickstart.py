@@ -347,13 +347,13 @@ def write_report(out: Path, times: dict[str, float]) -> Path:
                               f"mean and closes {100 * fixed_gap:.0f}%: the page has read the video only as far as it "
                               f"scores above them.")
             lines += ["", _img(out / "demo/compare.png", out, "frame | render")]
+        else:
+            lines += ["Chromium is not installed, so the page was not rendered (`apt-get install chromium`)."]
         if demo.get("fields_read"):  # absent in runs before it was recorded
             right = [name for name, ok in demo["fields_read"].items() if ok]
             lines += ["", f"Of the {len(demo['fields_read'])} fields the page takes from the video "
                       f"(`page_fields_read`: title, colours, heights, button width; chance 1/16 to 1/4 each) it states "
                       f"{len(right)} right{': ' + ', '.join(right) if right else ''}."]
-        else:
-            lines += ["Chromium is not installed, so the page was not rendered (`apt-get install chromium`)."]
         lines.append("")
     lines += ["## Wall time", "", " | ".join(f"{k} {v:.0f} s" for k, v in times.items())
               + f" | total {sum(times.values()):.0f} s", ""]
