@@ -41,6 +41,7 @@ from kimi_vl.demos.video2web import (
     fixed_pages,
     load_model,
     page_fields_read,
+    page_scores,
     render_and_score,
     run_video2web,
 )
@@ -58,12 +59,6 @@ def with_sizes(page: PageSpec, true: PageSpec) -> PageSpec:
     sections = tuple(dataclasses.replace(s, height=t.height) for s, t in zip(page.sections, true.sections, strict=True))
     return dataclasses.replace(page, header_height=true.header_height, sections=sections,
                                button_width=true.button_width)
-
-
-def score_page(spec: PageSpec, frames: np.ndarray, work: Path) -> float:
-    work.mkdir(parents=True)
-    (work / "page.html").write_text(page_html(spec))
-    return render_and_score(work / "page.html", frames, work)[3]["score"]
 
 
 def main() -> None:
@@ -100,10 +95,10 @@ def main() -> None:
             fixed_reads += [page_fields_read(page, cast.spec) for page in fixed]
             pages.append(result.html)
             if args.field_worth:
-                color_scores.append(statistics.fmean(score_page(with_colors(s, cast.spec), frames, work / f"c{j}")
-                                                     for j, s in enumerate(specs)))
-                size_scores.append(statistics.fmean(score_page(with_sizes(s, cast.spec), frames, work / f"s{j}")
-                                                    for j, s in enumerate(specs)))
+                color_scores.append(statistics.fmean(page_scores(
+                    [page_html(with_colors(s, cast.spec)) for s in specs], frames, work, prefix="colors")))
+                size_scores.append(statistics.fmean(page_scores(
+                    [page_html(with_sizes(s, cast.spec)) for s in specs], frames, work, prefix="sizes")))
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
                   f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)

@@ -59,6 +59,7 @@ __all__ = [
     "load_model",
     "page_fields",
     "page_fields_read",
+    "page_scores",
     "read_video",
     "render_and_score",
     "run_video2web",
@@ -282,19 +283,24 @@ def fixed_pages(n: int = FIXED_PAGES) -> list[str]:
     return [page_html(spec) for spec in fixed_page_specs(n)]
 
 
-def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PAGES) -> list[float]:
-    """Similarity of each of the `fixed_pages(n)` to the frames `[T, H, W, 3]`, rendered and scored as
-    `render_and_score` does (files under `out_dir/fixed<j>/`): the demo's constant-answer baseline. A page of the
-    right kind scores well above a blank page whatever the video shows, so a generated page has read the video only
-    as far as it scores above these. Raises what `render_and_score` raises."""
+def page_scores(pages: list[str], frames: np.ndarray, out_dir: str | Path, prefix: str = "page") -> list[float]:
+    """Similarity of each HTML page in `pages` to the frames `[T, H, W, 3]`, rendered and scored as
+    `render_and_score` does (files under `out_dir/<prefix><j>/`). Raises what `render_and_score` raises."""
     out = Path(out_dir)
     scores = []
-    for j, html in enumerate(fixed_pages(n)):
-        page = out / f"fixed{j}" / "page.html"
+    for j, html in enumerate(pages):
+        page = out / f"{prefix}{j}" / "page.html"
         page.parent.mkdir(parents=True, exist_ok=True)
         page.write_text(html)
         scores.append(render_and_score(page, frames, page.parent)[3]["score"])
     return scores
+
+
+def fixed_page_scores(frames: np.ndarray, out_dir: str | Path, n: int = FIXED_PAGES) -> list[float]:
+    """`page_scores` of the `fixed_pages(n)` (files under `out_dir/fixed<j>/`): the demo's constant-answer
+    baseline. A page of the right kind scores well above a blank page whatever the video shows, so a generated page
+    has read the video only as far as it scores above these."""
+    return page_scores(fixed_pages(n), frames, out_dir, prefix="fixed")
 
 
 PAGE_FIELDS = ("title", "header color", "header height",
