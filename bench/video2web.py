@@ -47,18 +47,17 @@ from kimi_vl.demos.video2web import (
 )
 from kimi_vl.quickstart import DEMO_SEED
 
-
-def with_colors(page: PageSpec, true: PageSpec) -> PageSpec:
-    """`page` with the background colours of `true`."""
-    sections = tuple(dataclasses.replace(s, color=t.color) for s, t in zip(page.sections, true.sections, strict=True))
-    return dataclasses.replace(page, header_color=true.header_color, sections=sections, button_color=true.button_color)
+COLORS = (("header_color", "button_color"), "color")
+SIZES = (("header_height", "button_width"), "height")
+"""`PageSpec` attributes of one kind of field: the page's own, and each section's."""
 
 
-def with_sizes(page: PageSpec, true: PageSpec) -> PageSpec:
-    """`page` with the header and section heights and the button width of `true`."""
-    sections = tuple(dataclasses.replace(s, height=t.height) for s, t in zip(page.sections, true.sections, strict=True))
-    return dataclasses.replace(page, header_height=true.header_height, sections=sections,
-                               button_width=true.button_width)
+def with_fields(page: PageSpec, true: PageSpec, kind: tuple[tuple[str, ...], str]) -> PageSpec:
+    """`page` with the fields of `kind` (`COLORS` or `SIZES`) taken from `true`."""
+    own, section = kind
+    sections = tuple(dataclasses.replace(s, **{section: getattr(t, section)})
+                     for s, t in zip(page.sections, true.sections, strict=True))
+    return dataclasses.replace(page, sections=sections, **{name: getattr(true, name) for name in own})
 
 
 def main() -> None:
@@ -96,9 +95,9 @@ def main() -> None:
             pages.append(result.html)
             if args.field_worth:
                 color_scores.append(statistics.fmean(page_scores(
-                    [page_html(with_colors(s, cast.spec)) for s in specs], frames, work, prefix="colors")))
+                    [page_html(with_fields(s, cast.spec, COLORS)) for s in specs], frames, work, prefix="colors")))
                 size_scores.append(statistics.fmean(page_scores(
-                    [page_html(with_sizes(s, cast.spec)) for s in specs], frames, work, prefix="sizes")))
+                    [page_html(with_fields(s, cast.spec, SIZES)) for s in specs], frames, work, prefix="sizes")))
             print(f"screencast {i}: model {model_scores[-1]:.3f}  blank {blank:.3f}  true html {true_score:.3f}  "
                   f"fixed pages {statistics.fmean(fixed_scores[-1]):.3f} (mean of {FIXED_PAGES})  "
                   f"(stop: {result.stop})", flush=True)

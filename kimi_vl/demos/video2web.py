@@ -337,11 +337,8 @@ def page_fields(html: str) -> dict[str, str | None]:
 def page_fields_read(html: str, spec: PageSpec) -> dict[str, bool]:
     """Which of the `PAGE_FIELDS` the page `html` gets right for the screencast of `spec`: what a generated page
     read from the video, unlike the similarity score, which a page of the right kind earns whatever it states."""
-    truth = [spec.title, spec.header_color, str(spec.header_height)]
-    for s in spec.sections:
-        truth += [s.color, str(s.height)]
-    truth += [spec.button_color, str(spec.button_width)]
-    return {name: stated == true for (name, stated), true in zip(page_fields(html).items(), truth, strict=True)}
+    truth = page_fields(page_html(spec))
+    return {name: stated == truth[name] for name, stated in page_fields(html).items()}
 
 
 def render_and_score(
