@@ -33,6 +33,7 @@ Tasks (`Sample.task`):
 | visual_math | image | MathVista-style query (hint, question, choices)     | 8 / B          | number/choice|
 | screencast  | video | Write the HTML of this web page.                     | the page HTML  | html        |
 | page_color  | video | What color is the header of this web page?           | navy           | ocr         |
+| page_swatch | video | What color is the web page? (every frame one colour) | red            | ocr         |
 
 Splits: every sample is an item with a key (`item_key`: the wording of a question with its entity, a creature, an
 expression or a unit conversion; a chart's labels and values, a rectangle's sides, a page, or an image's pixels); a
@@ -86,8 +87,8 @@ WORLD_SEED = 20240601
 TEXT_TASKS: tuple[str, ...] = ("arithmetic", "units", "mc", "fact", "lookup")
 VISION_TASKS: tuple[str, ...] = ("count", "color", "swatch", "shape", "chart_bar", "chart_line", "ocr", "grounding",
                                  "visual_math")
-VIDEO_TASKS: tuple[str, ...] = ("screencast", "page_color")
-CURRICULUM_TASKS: tuple[str, ...] = ("swatch", "page_color")
+VIDEO_TASKS: tuple[str, ...] = ("screencast", "page_color", "page_swatch")
+CURRICULUM_TASKS: tuple[str, ...] = ("swatch", "page_color", "page_swatch")
 """Tasks drawn only when a mixture weights them by name: not in uniform task mixtures, not in RL."""
 ALL_TASKS: tuple[str, ...] = TEXT_TASKS + VISION_TASKS + VIDEO_TASKS
 
@@ -133,7 +134,7 @@ class Sample:
         response: a full target reply ending in the answer ("... The answer is (B)."; the HTML for screencasts).
         reward: how RL verifies it: "choice" | "number" | "count" | "ocr" | "grounding" | "html".
         image: the image (vision tasks), else None.
-        video: the screencast (video tasks), else None.
+        video: the video (video tasks): a `Screencast`, or the frames of a `page_swatch`; else None.
         choices: option texts (multiple choice), else None.
         meta: task details, e.g. {"boxes": ..., "precision": 1, "unit": "cm", "category": ..., "stem": ...};
             multiple choice and arithmetic also name what the question asks about (`entity`: "8 weeks in days",
@@ -146,7 +147,7 @@ class Sample:
     response: str
     reward: str
     image: Image.Image | None = None
-    video: Screencast | None = None
+    video: Screencast | list[Image.Image] | None = None
     choices: list[str] | None = None
     meta: dict = field(default_factory=dict)
 
@@ -674,11 +675,26 @@ def _task_page_color(rng: random.Random) -> Sample:
                   meta={"element": element, "fps": video.fps, "num_frames": len(video.frames)})
 
 
+PAGE_SWATCH_WIDTHS = (128, 144, 160, 176, 192)
+"""Frame widths of `page_swatch` videos (height 3/4 of the width; the screencasts' frames are 160 x 120)."""
+
+
+def _task_page_swatch(rng: random.Random) -> Sample:
+    """A video whose every frame is one colour (8 frames): the video counterpart of `swatch`. Every video token
+    carries the answer, so the language model learns to read video tokens from it before it reads an element's colour
+    in a screencast (`page_color`; docs/RESULTS.md). The item is the colour at its frame size."""
+    color, width = rng.choice(list(COLORS)), rng.choice(PAGE_SWATCH_WIDTHS)
+    frames = [Image.new("RGB", (width, width * 3 // 4), COLORS[color])] * 8
+    return Sample("page_swatch", "What color is the web page?", color, f"The page is {color}. The answer is {color}.",
+                  "ocr", video=frames, meta={"key": f"page_swatch:{color}:{width}", "num_frames": len(frames)})
+
+
 _TASKS = {
     "arithmetic": _task_arithmetic, "units": _task_units, "mc": _task_mc, "fact": _task_fact, "lookup": _task_lookup,
     "count": _task_count, "color": _task_color, "swatch": _task_swatch, "shape": _task_shape,
     "chart_bar": _task_chart_bar, "chart_line": _task_chart_line, "ocr": _task_ocr, "grounding": _task_grounding,
     "visual_math": _task_visual_math, "screencast": _task_screencast, "page_color": _task_page_color,
+    "page_swatch": _task_page_swatch,
 }
 
 

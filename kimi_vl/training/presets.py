@@ -61,8 +61,13 @@ PRESETS: dict[str, Preset] = {
             "rl": TrainConfig(steps=20, lr=1e-4, weight_decay=0.0, warmup_steps=0, decay_fraction=0.0,
                               checkpoint_every=10),
         },
-        # 10% vision tokens, K2.5's early-fusion ablation winner (10:90): with their questions and replies the
-        # image documents still fill about 30% of a batch (40% in the drill phase; at 25% vision: 63% and 91%).
+        # 8 rows of 256 tokens, 15% vision tokens after the drill (10% in it), half the vision documents videos:
+        # with their questions and replies the vision documents fill about 60% of a batch, and a 4-row batch at 30%
+        # vision gave them 88%, leaving the text 111 loss tokens per batch against 488 at the former 4 rows and 10%:
+        # the demo's pages then stated the video's colours but the text proxy was lost (12.9%). Twice the rows give
+        # both: about 630 text and 620 vision-document loss tokens per batch; the pages state the colours of their
+        # videos (one-colour videos, `page_swatch`, and element colours, `page_color`, teach where to read) and the
+        # text proxy holds, for twice the time per step (docs/RESULTS.md, "Video to website").
         # The world's questions dominate the text (the proxies' skills: facts, reading the question, finding an
         # option's letter), half of them as chats (loss on the answer only); the image tasks the MathVista proxy
         # asks about (counting, bar charts, visual math) dominate the vision documents, and 64-patch images give
@@ -81,12 +86,14 @@ PRESETS: dict[str, Preset] = {
         # a run could recall a quantity met with the wording instead of copying the question's (30 of the 31
         # conversions three seeds got wrong); with `units` the validation text proxy rose from 64.8% to 74.0%.
         data={
-            "pretrain": DataConfig(seq_len=256, rows=4, **_TINY_MEDIA, vision_ratio=0.1, code_fraction=0.05,
+            "pretrain": DataConfig(seq_len=256, rows=8, **_TINY_MEDIA, vision_ratio=0.15, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "units": 1, "lookup": 4},
                                    vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 3},
                                    drill_batches=450, drill_lookups=10, drill_ramp_batches=300, drill_any_letters=True,
-                                   drill_vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 1}),
+                                   drill_vision_tasks={**_TINY_IMAGE_TASKS, "swatch": 1}, drill_vision_ratio=0.1,
+                                   video_fraction=0.5,
+                                   video_tasks={"screencast": 1, "page_color": 0.5, "page_swatch": 0.5}),
             # 512-token rows: a page conversation (about 265 tokens) is placed whole, its closing tags in context
             "sft": DataConfig(seq_len=512, rows=2),
             "rl": DataConfig(prompts_per_family=8),
