@@ -177,7 +177,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "zero-vision SFT, joint RL, evaluation, the video2web demo, a checkpoint and REPORT.md "
                         "(resumable: rerun to continue)")
     qs.add_argument("--out", default="runs/quickstart", help="output directory (default: runs/quickstart)")
-    qs.add_argument("--preset", default="tiny", help="tiny (2 CPU cores, 9-28 min by the machine) or small (one GPU)")
+    qs.add_argument("--preset", default="tiny",
+                    help="tiny (2 CPU cores, 16 min on a fast machine, more on slow ones) or small (one GPU)")
     qs.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
     qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")

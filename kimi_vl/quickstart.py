@@ -3,7 +3,7 @@
 Stages, each in its own directory under `out` and skipped when already finished (rerunning after an interruption
 continues from the last finished stage, and inside a training stage from its last checkpoint):
 
-1. `pretrain/`  tokenizer + joint text-vision pre-training (AttnRes, MuonClip, constant vision ratio)
+1. `pretrain/`  tokenizer + joint text-vision pre-training (AttnRes, MuonClip, vision from step one)
 2. `sft/`       zero-vision SFT (text-only chats)
 3. `rl/`        joint text-vision RL (K2.5 objective, verifiable rewards)
 4. `eval/`      MMLU-Pro and MathVista (real data with `data_dir`, else the synthetic proxies, labelled) for the

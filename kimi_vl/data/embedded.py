@@ -1,7 +1,7 @@
 """The embedded default data as packed streams: the standard library corpus and the synthetic world, needing no
 download. `embedded_pretrain_stream` (joint text-vision pre-training at a constant vision ratio, with the optional
-option-letter drill warm-up) and `embedded_sft_stream` (zero-vision SFT chats) are what every stage trains on
-without `--data`.
+option-letter drill warm-up at its own ratio) and `embedded_sft_stream` (zero-vision SFT chats) are what every stage
+trains on without `--data`.
 """
 
 from __future__ import annotations

@@ -5,8 +5,9 @@ configuration), `metrics.jsonl`, `data_errors.jsonl` (bad records skipped), `plo
 state) and `training_summary.json`. Rerunning a stage resumes it from its last checkpoint; a finished stage (its
 summary says `complete`) is not rerun.
 
-- `pretrain`: joint text-vision pre-training from scratch (a constant vision-token ratio from step one), MuonClip;
-  on the embedded data, or on users' documents and chats (`sources`) with a BPE tokenizer trained on them.
+- `pretrain`: joint text-vision pre-training from scratch (vision tokens from step one; the `tiny` preset: 10% of
+  the tokens in the option-letter drill, 15% after), MuonClip; on the embedded data, or on users' documents and
+  chats (`sources`) with a BPE tokenizer trained on them.
 - `sft`: SFT from a checkpoint, loss on assistant tokens only: zero-vision (text-only chats) on the embedded data,
   or users' chats.
 - `rl`: joint text-vision RL from a checkpoint (K2.5 objective, verifiable rewards): on the synthetic world's tasks,

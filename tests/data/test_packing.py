@@ -322,17 +322,19 @@ def test_mixture_weights_and_chat_form_of_world_text(proc):
 
 def test_video_tasks_pick_the_world_video_tasks(proc):
     """By default every video document is a whole-page `screencast`; `video_tasks` weights bring in `page_color`
-    (one short colour reply per page) and can leave the screencasts out."""
+    (one short colour reply per page) and `page_swatch` (one-colour videos) and can leave the screencasts out."""
     def videos(**kw):
         s = pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=5, code_fraction=1.0, video_fraction=1.0,
                             vision_ratio=0.3, **kw)
         text = "".join(proc.tokenizer.decode(s.batch(i).input_ids.reshape(-1).tolist()) for i in range(2))
-        return text.count("Write the HTML"), text.count("of this web page?")
+        return text.count("Write the HTML"), text.count("of this web page?"), text.count("color is the web page?")
 
-    pages, colours = videos()
-    assert pages >= 2 and colours == 0
-    pages, colours = videos(video_tasks={"page_color": 1.0})
-    assert pages == 0 and colours >= 2
+    pages, colours, swatches = videos()
+    assert pages >= 2 and colours == swatches == 0
+    pages, colours, swatches = videos(video_tasks={"page_color": 1.0})
+    assert pages == swatches == 0 and colours >= 2
+    pages, colours, swatches = videos(video_tasks={"page_color": 1.0, "page_swatch": 1.0})
+    assert pages == 0 and colours >= 1 and swatches >= 1
     with pytest.raises(ConfigError, match="video_tasks"):
         pretrain_stream(proc, seq_len=SEQ, rows=ROWS, seed=0, video_tasks={"count": 1.0})
 

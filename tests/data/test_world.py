@@ -144,6 +144,26 @@ def test_page_color_asks_one_colour_of_the_page_and_stays_out_of_rl():
     assert "page_color" in VIDEO_TASKS and "page_color" not in RL_FAMILIES["vision"] + RL_FAMILIES["text"]
 
 
+def test_page_swatch_is_a_one_colour_video_with_a_training_item_of_every_colour():
+    """`page_swatch`: eight frames of one colour at a screencast-like size, the colour as the answer; a curriculum
+    task (out of uniform mixtures and RL) whose items (colour x frame width) give every colour a training item."""
+    from kimi_vl.data.world import CURRICULUM_TASKS, PAGE_SWATCH_WIDTHS, split_of
+    from kimi_vl.training.stages import RL_FAMILIES
+
+    samples = make_samples(("page_swatch",), 40, seed=0)
+    for s in samples:
+        assert len(s.video) == 8 and len({f.size for f in s.video}) == 1
+        width, height = s.video[0].size
+        assert width in PAGE_SWATCH_WIDTHS and height == width * 3 // 4
+        assert all((np.asarray(f).reshape(-1, 3) == COLORS[s.answer]).all() for f in s.video)
+        assert s.question == "What color is the web page?" and s.response.endswith(f"The answer is {s.answer}.")
+        assert split_of(item_key(s)) == "train"
+    assert len({s.answer for s in samples}) > 5
+    assert all(any(split_of(f"page_swatch:{c}:{w}") == "train" for w in PAGE_SWATCH_WIDTHS) for c in COLORS)
+    assert "page_swatch" in VIDEO_TASKS and "page_swatch" in CURRICULUM_TASKS
+    assert "page_swatch" not in RL_FAMILIES["vision"] + RL_FAMILIES["text"]
+
+
 def test_grounding_boxes():
     for s in make_samples(("grounding",), 20, seed=0):
         boxes = json.loads(s.answer)
