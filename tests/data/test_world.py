@@ -35,7 +35,8 @@ from kimi_vl.training.rewards import reward
 def _fingerprint(s) -> tuple:
     media = s.image.tobytes() if s.image is not None else b""
     if s.video is not None:
-        media += b"".join(f.tobytes() for f in s.video.frames)
+        frames = s.video.frames if isinstance(s.video, Screencast) else s.video  # `page_swatch`: a list of frames
+        media += b"".join(f.tobytes() for f in frames)
     return (s.task, s.question, s.answer, s.response, s.reward, s.choices, json.dumps(s.meta, sort_keys=True), media)
 
 

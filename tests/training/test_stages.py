@@ -25,7 +25,8 @@ def pretrained(tmp_path_factory):
 def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     summary = read_summary(pretrained)
     assert summary["complete"] and summary["steps"] == 3 and summary["preset"] == "tiny"
-    assert summary["unigram_baseline"] > 3 and summary["tokens"] == 3 * 4 * 256
+    packing = get_preset("tiny").data["pretrain"]
+    assert summary["unigram_baseline"] > 3 and summary["tokens"] == 3 * packing.rows * packing.seq_len
     model = AutoModelForImageTextToText.from_pretrained(pretrained)
     assert type(model).__name__ == "KimiVLForConditionalGeneration"
     assert model.config.text_config.hidden_size == get_preset("tiny").text["hidden_size"]
