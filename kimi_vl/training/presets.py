@@ -65,7 +65,7 @@ PRESETS: dict[str, Preset] = {
         # with their questions and replies the vision documents fill about 60% of a batch, and a 4-row batch at 30%
         # vision gave them 88%, leaving the text 111 loss tokens per batch against 488 at the former 4 rows and 10%:
         # the demo's pages then stated the video's colours but the text proxy was lost (12.9%). Twice the rows give
-        # both: about 630 text and 620 vision-document loss tokens per batch; the pages state the colours of their
+        # both: about 600 text and 630 vision-document loss tokens per batch; the pages state the colours of their
         # videos (one-colour videos, `page_swatch`, and element colours, `page_color`, teach where to read) and the
         # text proxy holds, for twice the time per step (docs/RESULTS.md, "Video to website").
         # The world's questions dominate the text (the proxies' skills: facts, reading the question, finding an
