@@ -15,6 +15,7 @@ continues from the last finished stage, and inside a training stage from its las
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import time
 import warnings
@@ -24,6 +25,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .demos.similarity import gap_closed
+from .errors import ConfigError
 from .export import add_remote_code
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
@@ -146,13 +148,33 @@ def export_final(out: Path, source: Path) -> Path:
     return add_remote_code(final)
 
 
+def check_arguments(scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
+    """Fail before any training on what would only fail (or mean nothing) after it: `scale` must be a positive
+    number, `eval_limit` at least 1, and `data_dir` must hold both benchmarks' files (the evaluation reads them after
+    the training stages). Raises `ConfigError` or `DataUnavailableError`."""
+    if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
+        raise ConfigError(f"scale must be a positive number (e.g. 0.05 for a smoke run, 1 for the full run); got "
+                          f"{scale!r}.")
+    if eval_limit is not None and eval_limit < 1:
+        raise ConfigError(f"eval_limit must be at least 1 item per benchmark (or left out: all); got {eval_limit}.")
+    if data_dir is not None:
+        from .eval.config import EvalConfig
+        from .eval.mathvista import load_mathvista
+        from .eval.mmlu_pro import load_mmlu_pro
+
+        load_mmlu_pro(data_dir, validation=EvalConfig().num_shots > 0)
+        load_mathvista(data_dir)
+
+
 def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", data_dir: str | Path | None = None,
                scale: float = 1.0, eval_limit: int | None = None, seed: int = 0, progress: bool = True) -> Path:
     """Run (or resume) every stage; returns the path of `REPORT.md`. `scale` multiplies every stage's step count
-    (e.g. 0.05 for a smoke run); `eval_limit` caps the items per benchmark."""
+    (e.g. 0.05 for a smoke run); `eval_limit` caps the items per benchmark. The arguments are checked before any
+    stage runs (`check_arguments`)."""
+    p = get_preset(preset)
+    check_arguments(scale, eval_limit, data_dir)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    p = get_preset(preset)
     times = _done(out / "stage_times.json") or {}
     bar = tqdm(STAGES, desc="quickstart", disable=not progress, dynamic_ncols=True)
     for stage in bar:

@@ -41,6 +41,31 @@ def test_quickstart_smoke(tmp_path):
     assert json.loads((out / "stage_times.json").read_text()).keys() >= {"pretrain", "sft", "rl", "eval", "demo"}
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--scale", "0"], "scale must be a positive number"), (["--scale", "-1"], "scale must be a positive number"),
+    (["--scale", "nan"], "scale must be a positive number"), (["--eval-limit", "0"], "eval_limit must be at least 1"),
+    (["--data-dir", "missing"], "is not a directory"), (["--data-dir", "no_mathvista"], "no 'testmini' data file"),
+])
+def test_quickstart_refuses_bad_arguments_before_training(tmp_path, capsys, argv, message):
+    """What would fail (or mean nothing) only after 16 minutes of training fails first, creating nothing: a scale
+    that is not a positive number, an eval limit below 1, a data folder without both benchmarks' files."""
+    mmlu = tmp_path / "no_mathvista" / "mmlu_pro"
+    mmlu.mkdir(parents=True)
+    row = {"question_id": 1, "question": "q", "options": ["a", "b"], "answer": "A", "answer_index": 0,
+           "category": "math", "src": "s", "cot_content": ""}
+    for split in ("test", "validation"):
+        (mmlu / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    argv = [str(tmp_path / a) if a in ("missing", "no_mathvista") else a for a in argv]
+    out = tmp_path / "qs"
+    assert main(["quickstart", "--out", str(out), *argv]) == 2
+    assert message in capsys.readouterr().err and not out.exists()
+    from kimi_vl.quickstart import check_arguments
+
+    (tmp_path / "no_mathvista" / "mathvista").mkdir()
+    (tmp_path / "no_mathvista" / "mathvista" / "testmini.json").write_text(json.dumps({"1": {"pid": "1", "answer": "2"}}))
+    check_arguments(0.05, 4, tmp_path / "no_mathvista")  # both benchmarks' files: no error
+
+
 def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL, the fresh draw),
     chance and the best constant answer, the MMLU-Pro proxy's categories and MathVista's two parts (each beside its
