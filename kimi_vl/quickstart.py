@@ -22,6 +22,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm.auto import tqdm
 
 from .demos.similarity import gap_closed
@@ -148,10 +149,15 @@ def export_final(out: Path, source: Path) -> Path:
     return add_remote_code(final)
 
 
-def check_arguments(scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
+def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
     """Fail before any training on what would only fail (or mean nothing) after it: `scale` must be a positive
     number, `eval_limit` at least 1, and `data_dir` must hold both benchmarks' files (the evaluation reads them after
-    the training stages). Raises `ConfigError` or `DataUnavailableError`."""
+    the training stages). Raises `ConfigError` or `DataUnavailableError`. Warns when a preset other than `tiny` (the
+    CPU recipe) would run without a CUDA device."""
+    if preset != "tiny" and not torch.cuda.is_available():
+        warnings.warn(f"preset {preset!r} is a GPU recipe and no CUDA device is visible: on the CPU its full run takes "
+                      "days. `--preset tiny` is the CPU recipe; `--scale` shortens a trial run.", UserWarning,
+                      stacklevel=3)
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ConfigError(f"scale must be a positive number (e.g. 0.05 for a smoke run, 1 for the full run); got "
                           f"{scale!r}.")
@@ -172,7 +178,7 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     (e.g. 0.05 for a smoke run); `eval_limit` caps the items per benchmark. The arguments are checked before any
     stage runs (`check_arguments`)."""
     p = get_preset(preset)
-    check_arguments(scale, eval_limit, data_dir)
+    check_arguments(preset, scale, eval_limit, data_dir)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     times = _done(out / "stage_times.json") or {}

@@ -2,6 +2,7 @@
 
 import json
 import re
+import warnings
 
 import pytest
 from PIL import Image
@@ -63,7 +64,21 @@ def test_quickstart_refuses_bad_arguments_before_training(tmp_path, capsys, argv
 
     (tmp_path / "no_mathvista" / "mathvista").mkdir()
     (tmp_path / "no_mathvista" / "mathvista" / "testmini.json").write_text(json.dumps({"1": {"pid": "1", "answer": "2"}}))
-    check_arguments(0.05, 4, tmp_path / "no_mathvista")  # both benchmarks' files: no error
+    check_arguments("tiny", 0.05, 4, tmp_path / "no_mathvista")  # both benchmarks' files: no error
+
+
+def test_quickstart_warns_that_a_gpu_preset_would_run_on_the_cpu(monkeypatch):
+    """`--preset small` without a CUDA device would train for days on the CPU: the run says so before it starts."""
+    import torch
+
+    from kimi_vl.quickstart import check_arguments
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="'small' is a GPU recipe and no CUDA device is visible"):
+        check_arguments("small", 1.0, None, None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        check_arguments("tiny", 1.0, None, None)
 
 
 def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
