@@ -42,6 +42,16 @@ def test_quickstart_smoke(tmp_path):
     assert json.loads((out / "stage_times.json").read_text()).keys() >= {"pretrain", "sft", "rl", "eval", "demo"}
 
 
+def _mmlu_pro_only(root):
+    """`root/mmlu_pro/{test,validation}.jsonl` (one row each) and no MathVista files."""
+    (root / "mmlu_pro").mkdir(parents=True)
+    row = {"question_id": 1, "question": "q", "options": ["a", "b"], "answer": "A", "answer_index": 0,
+           "category": "math", "src": "s", "cot_content": ""}
+    for split in ("test", "validation"):
+        (root / "mmlu_pro" / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    return root
+
+
 @pytest.mark.parametrize("argv, message", [
     (["--scale", "0"], "scale must be a positive number"), (["--scale", "-1"], "scale must be a positive number"),
     (["--scale", "nan"], "scale must be a positive number"), (["--eval-limit", "0"], "eval_limit must be at least 1"),
@@ -50,21 +60,20 @@ def test_quickstart_smoke(tmp_path):
 def test_quickstart_refuses_bad_arguments_before_training(tmp_path, capsys, argv, message):
     """What would fail (or mean nothing) only after 16 minutes of training fails first, creating nothing: a scale
     that is not a positive number, an eval limit below 1, a data folder without both benchmarks' files."""
-    mmlu = tmp_path / "no_mathvista" / "mmlu_pro"
-    mmlu.mkdir(parents=True)
-    row = {"question_id": 1, "question": "q", "options": ["a", "b"], "answer": "A", "answer_index": 0,
-           "category": "math", "src": "s", "cot_content": ""}
-    for split in ("test", "validation"):
-        (mmlu / f"{split}.jsonl").write_text(json.dumps(row) + "\n")
+    _mmlu_pro_only(tmp_path / "no_mathvista")
     argv = [str(tmp_path / a) if a in ("missing", "no_mathvista") else a for a in argv]
     out = tmp_path / "qs"
     assert main(["quickstart", "--out", str(out), *argv]) == 2
     assert message in capsys.readouterr().err and not out.exists()
+
+
+def test_quickstart_accepts_a_data_dir_with_both_benchmarks(tmp_path):
     from kimi_vl.quickstart import check_arguments
 
-    (tmp_path / "no_mathvista" / "mathvista").mkdir()
-    (tmp_path / "no_mathvista" / "mathvista" / "testmini.json").write_text(json.dumps({"1": {"pid": "1", "answer": "2"}}))
-    check_arguments("tiny", 0.05, 4, tmp_path / "no_mathvista")  # both benchmarks' files: no error
+    root = _mmlu_pro_only(tmp_path / "data")
+    (root / "mathvista").mkdir()
+    (root / "mathvista" / "testmini.json").write_text(json.dumps({"1": {"pid": "1", "answer": "2"}}))
+    check_arguments("tiny", 0.05, 4, root)
 
 
 def test_quickstart_warns_that_a_gpu_preset_would_run_on_the_cpu(monkeypatch):
