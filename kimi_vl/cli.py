@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .errors import KimiVLError
+from .progress import interactive
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -222,12 +223,21 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from transformers.utils import logging as transformers_logging
+
     args = build_parser().parse_args(argv)
+    # transformers' own bars (loading and writing weights) follow --no-progress and stay out of logs too
+    bars = transformers_logging.is_progress_bar_enabled()
+    if not getattr(args, "progress", True) or not interactive():
+        transformers_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
     except KimiVLError as e:
         print(f"kimi-vl: error: {e}", file=sys.stderr)
         return 2
+    finally:
+        if bars:
+            transformers_logging.enable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -34,9 +34,9 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
-from tqdm.auto import tqdm
 
 from .errors import CheckpointError, ConfigError
+from .progress import progress_bar
 from .text.configuration import KimiTextConfig
 from .vision.convert import (
     PROJECTOR_PREFIXES,
@@ -231,7 +231,7 @@ def convert_kimi_linear(
     dst.mkdir(parents=True, exist_ok=True)
     shards: list[dict[str, torch.Tensor]] = [{}]
     size = 0
-    for key in tqdm(sorted(plan), desc="converting", unit="tensor"):
+    for key in progress_bar(sorted(plan), desc="converting", unit="tensor"):
         t = plan[key](source)
         if size and size + t.numel() * t.element_size() > max_shard_bytes:
             shards.append({})
@@ -368,7 +368,7 @@ def write_streamed_shards(specs: dict[str, TensorSpec], dst: Path, max_shard_byt
         size += n
     names = (["model.safetensors"] if len(shards) == 1
              else [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))])
-    for name, keys in tqdm(list(zip(names, shards)), desc=desc, unit="shard"):
+    for name, keys in progress_bar(list(zip(names, shards)), desc=desc, unit="shard"):
         _write_safetensors(dst / name, specs, keys)
     if len(shards) > 1:
         weight_map = {key: name for name, keys in zip(names, shards) for key in keys}

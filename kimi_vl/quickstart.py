@@ -23,11 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm.auto import tqdm
 
 from .demos.similarity import gap_closed
 from .errors import ConfigError
 from .export import add_remote_code
+from .progress import progress_bar
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
 
@@ -182,7 +182,7 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     times = _done(out / "stage_times.json") or {}
-    bar = tqdm(STAGES, desc="quickstart", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(STAGES, desc="quickstart", enabled=progress, unit="stage")
     for stage in bar:
         bar.set_description(f"quickstart [{stage}]")
         t0 = time.perf_counter()

@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from tqdm.auto import tqdm
 
 from ..errors import BadRecordError, ConfigError, DataError
+from ..progress import progress_bar
 from ..vision import MoonViTImageProcessor, MoonViTVideoProcessor
 from ..vision.media import load_video
 from .encode import encode_chat, encode_document, encode_prompt
@@ -71,7 +71,7 @@ def check_source(source: Source, *, fmt: str = "auto", reward: str | None = None
     image_processor = MoonViTImageProcessor() if processor is None else processor.image_processor
     video_processor = MoonViTVideoProcessor() if processor is None else processor.video_processor
     report = SourceReport(source.name, exact_tokens=processor is not None)
-    for i in tqdm(range(len(source)), desc=f"check {source.name}", disable=not progress, dynamic_ncols=True):
+    for i in progress_bar(range(len(source)), desc=f"check {source.name}", enabled=progress, unit="record"):
         try:
             row, reader, base = source.read(i)
             record = parse_record(row, forced or (get_format(reader.format_hint) if reader.format_hint else None),

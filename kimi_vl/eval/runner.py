@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ..progress import progress_bar
 from . import benchmarks as _builtin  # noqa: F401 - registers the built-in benchmarks
 from .config import EvalConfig, add_config_options, config_from_args
 from .generation import Engine, GenerationRequest
@@ -103,8 +104,6 @@ class EvalRun:
         `config.batch_size`, cached in `out_dir/responses.<name>.jsonl` (cached responses are reused when the
         engine, prompt, image and generation settings are the same); `progress_callback(name, done, total)` after every
         batch."""
-        from tqdm.auto import tqdm
-
         engine = engine or self.engine
         cache = ResponseCache(self.out_dir / f"responses.{name}.jsonl")
         keys = {it.id: _key(engine.name, it.text, it.chat, prompts.max_new_tokens, prompts.stop, _image_digest(it))
@@ -119,8 +118,8 @@ class EvalRun:
                 responses[it.id] = cached
         pending.sort(key=lambda it: len(it.text), reverse=True)  # similar lengths per batch: less padding
         total, size = len(prompts.items), self.config.batch_size
-        with tqdm(total=total, initial=total - len(pending), desc=name, disable=not self.config.progress,
-                  unit="item") as bar:
+        with progress_bar(total=total, initial=total - len(pending), desc=name, enabled=self.config.progress,
+                          unit="item") as bar:
             for start in range(0, len(pending), size):
                 batch = pending[start : start + size]
                 requests = [GenerationRequest(it.text, it.chat, it.image() if it.image else None) for it in batch]

@@ -30,11 +30,11 @@ from typing import Any, Protocol
 
 import torch
 from torch import nn
-from tqdm.auto import tqdm
 
 from ..data.loader import batches
 from ..data.mixture import fingerprint_changes
 from ..errors import ConfigError, DataError, TrainingDivergedError
+from ..progress import progress_bar
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
 from .router_balancing import RouterBalancing
@@ -265,8 +265,8 @@ class Trainer:
         self._resume()
         self.model.train()
         last: dict[str, Any] = {}
-        bar = tqdm(total=cfg.steps, initial=self.step, desc=self.desc, disable=not (
-            cfg.progress and self.accelerator.is_main_process), dynamic_ncols=True)
+        bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc,
+                           enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
         while self.step < cfg.steps:
             t0 = time.perf_counter()

@@ -1,0 +1,109 @@
+"""Progress reports: a live tqdm bar on a terminal or in a notebook, whole lines in a log.
+
+tqdm redraws its bar with carriage returns (and, nested, cursor moves), which a terminal shows as one line and a
+log file keeps as every redraw: a redirected quickstart (`kimi-vl quickstart > run.log 2>&1`, a cluster job) wrote
+1.5 MB of them. Where stderr is neither a terminal nor a notebook, `progress_bar` returns `LogLines` instead: the
+same interface, one plain line at most every `interval` seconds, when the description changes, and at the end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any, TextIO
+
+from tqdm import tqdm as plain_tqdm
+from tqdm.auto import tqdm
+
+LOG_INTERVAL = 30.0
+"""Seconds between two lines of a `LogLines` report."""
+
+
+def interactive(stream: TextIO | None = None) -> bool:
+    """Whether `stream` (default: stderr) shows a live bar: a terminal, or the output of a Jupyter kernel."""
+    stream = sys.stderr if stream is None else stream
+    if getattr(stream, "isatty", lambda: False)():
+        return True
+    ipython = sys.modules.get("IPython")
+    shell = ipython.get_ipython() if ipython is not None and hasattr(ipython, "get_ipython") else None
+    return shell is not None and "IPKernelApp" in getattr(shell, "config", {})
+
+
+class LogLines:
+    """tqdm's interface as whole lines: `desc: n/total (p%), rate, elapsed, left | postfix`.
+
+    A line is written when `interval` seconds have passed since the last one, when the description changes, when
+    the count reaches `total`, and on `close` if the count moved since the last line."""
+
+    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, initial: int = 0,
+                 desc: str = "", unit: str = "it", interval: float = LOG_INTERVAL, file: TextIO | None = None):
+        self.iterable = iterable
+        if total is None and iterable is not None and hasattr(iterable, "__len__"):
+            total = len(iterable)
+        self.total, self.n, self.desc, self.unit, self.interval = total, initial, desc, unit, interval
+        self.file = file
+        self.postfix = ""
+        self.start = self.last = time.monotonic()
+        self.initial = self.last_n = initial
+        self.closed = False
+
+    def __iter__(self) -> Iterator:
+        for item in self.iterable:
+            yield item
+            self.update(1)
+        self.close()
+
+    def __enter__(self) -> LogLines:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+        now = time.monotonic()
+        if now - self.last >= self.interval or (self.total is not None and self.n >= self.total):
+            self._write(now)
+
+    def set_postfix(self, **values: Any) -> None:
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def set_description(self, desc: str) -> None:
+        if desc != self.desc:
+            self.desc = desc
+            self._write(time.monotonic())
+
+    def close(self) -> None:
+        if not self.closed and self.n != self.last_n:
+            self._write(time.monotonic())
+        self.closed = True
+
+    def line(self, now: float) -> str:
+        """The report at monotonic time `now`."""
+        elapsed = now - self.start
+        done = self.n - self.initial
+        rate = done / elapsed if elapsed > 0 and done else None
+        count = f"{self.n}/{self.total} ({100 * self.n / self.total:.0f}%)" if self.total else f"{self.n}"
+        parts = [f"{self.desc}: {count}" if self.desc else count]
+        if rate is not None:
+            per_second = f"{rate:.3g}" if rate < 1000 else f"{rate:,.0f}"
+            parts.append(f"{per_second} {self.unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{self.unit}")
+        parts.append(f"{plain_tqdm.format_interval(elapsed)} elapsed")
+        if rate is not None and self.total:
+            parts.append(f"{plain_tqdm.format_interval(max(self.total - self.n, 0) / rate)} left")
+        return ", ".join(parts) + (f" | {self.postfix}" if self.postfix else "")
+
+    def _write(self, now: float) -> None:
+        print(self.line(now), file=self.file or sys.stderr, flush=True)
+        self.last, self.last_n = now, self.n
+
+
+def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
+                 enabled: bool = True, initial: int = 0, unit: str = "it") -> tqdm | LogLines:
+    """A progress report over `iterable` (or `total` steps from `initial`): a tqdm bar where stderr is interactive
+    (`interactive`), `LogLines` elsewhere, and a disabled tqdm bar (silent, same interface) when not `enabled`."""
+    if enabled and not interactive():
+        return LogLines(iterable, total=total, initial=initial, desc=desc, unit=unit)
+    return tqdm(iterable, total=total, initial=initial, desc=desc, unit=unit, disable=not enabled,
+                dynamic_ncols=True)
