@@ -35,7 +35,7 @@ def _convert_vision(args: argparse.Namespace) -> None:
 def _export(args: argparse.Namespace) -> None:
     from .export import export_remote_code
 
-    print(f"wrote {export_remote_code(args.model_dir, args.out_dir)}")
+    print(f"wrote {export_remote_code(args.model_dir, args.out_dir, overwrite=args.overwrite)}")
 
 
 def _train(args: argparse.Namespace) -> None:
@@ -188,7 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
     export = sub.add_parser("export", help="a saved Kimi-VL model directory -> a self-contained Hugging Face "
                             "remote-code copy (loads with trust_remote_code=True, without kimi_vl installed)")
     export.add_argument("model_dir", help="saved model (+ processor and tokenizer) directory")
-    export.add_argument("out_dir", help="destination directory (may be model_dir itself)")
+    export.add_argument("out_dir", help="destination directory: new or empty, or model_dir itself (in place)")
+    export.add_argument("--overwrite", action="store_true", help="replace a non-empty destination directory")
     export.set_defaults(func=_export)
     _add_train_parsers(sub)
     _add_data_parsers(sub)

@@ -41,6 +41,7 @@ import json
 import shutil
 from pathlib import Path
 
+from .convert import staged_directory
 from .errors import CheckpointError, KimiVLError
 
 PACKAGE = "kimi_vl"
@@ -261,31 +262,47 @@ def add_remote_code(model_dir: str | Path) -> Path:
     return out
 
 
-def export_remote_code(model_dir: str | Path, out_dir: str | Path) -> Path:
+TRAINING_RECORDS = frozenset({"state", "metrics.jsonl", "data_errors.jsonl", "plots"})
+"""What a training stage writes beside its checkpoint about its own run (resume states with the optimizer's, the
+loss curve, skipped records, plots); `export_remote_code` leaves them out of the published copy."""
+
+
+def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Write a self-contained remote-code copy of the saved Kimi-VL checkpoint `model_dir` into `out_dir`.
 
     `model_dir` holds `config.json` (model_type `kimi_vl`) and the weights, usually also the processor and
-    tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it is copied, then `add_remote_code` runs on
-    the copy. `out_dir` may be `model_dir` itself (in place) or a new or existing directory (files of the same name
-    are replaced).
+    tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it but a training stage's records of its run
+    (`TRAINING_RECORDS`) is copied, then `add_remote_code` runs on the copy. `out_dir` may be `model_dir` itself (in
+    place, nothing removed); otherwise it is written whole into a temporary sibling and renamed into place, so it
+    never mixes two checkpoints' files (an old shard index beside new weights would load the old weights).
 
     Returns:
         `out_dir` as a `Path`.
 
     Raises:
-        CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config.
+        CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config; `out_dir` exists and
+            is not empty (unless `overwrite`: then it is replaced), or lies inside `model_dir`.
     """
     src, out = Path(model_dir), Path(out_dir)
     _check_model_dir(src)
-    out.mkdir(parents=True, exist_ok=True)
-    if src.resolve() != out.resolve():
-        shutil.copytree(src, out, dirs_exist_ok=True)
-    return add_remote_code(out)
+    if out.exists() and out.resolve() == src.resolve():
+        return add_remote_code(out)
+    if out.resolve().is_relative_to(src.resolve()):
+        raise CheckpointError(f"{out} lies inside the checkpoint {src}; export to a folder outside it.")
+
+    def records(folder: str, names: list[str]) -> set[str]:
+        return TRAINING_RECORDS & set(names) if Path(folder).resolve() == src.resolve() else set()
+
+    with staged_directory(out, overwrite) as tmp:
+        shutil.copytree(src, tmp, ignore=records, dirs_exist_ok=True)
+        add_remote_code(tmp)
+    return out
 
 
 __all__ = [
     "ENTRY_CLASSES",
     "ENTRY_MODULE",
+    "TRAINING_RECORDS",
     "add_remote_code",
     "export_remote_code",
     "flat_module_name",

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -26,7 +25,7 @@ import torch
 
 from .demos.similarity import gap_closed
 from .errors import ConfigError
-from .export import add_remote_code
+from .export import export_remote_code
 from .progress import progress_bar
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
@@ -34,10 +33,6 @@ from .training.stages import pretrain, read_summary, rl, sft
 STAGES = ("pretrain", "sft", "rl", "eval", "demo", "report")
 DEMO_SEED = 1_000_000
 """Seed of the demo's screencast, a page of the world's held-out eval split."""
-CHECKPOINT_FILES = ("config.json", "model.safetensors", "generation_config.json", "processor_config.json",
-                    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
-                    "chat_template.json", "preprocessor_config.json", "video_preprocessor_config.json",
-                    "training_summary.json")
 
 
 def _done(path: Path) -> dict[str, Any] | None:
@@ -139,14 +134,9 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
 
 
 def export_final(out: Path, source: Path) -> Path:
-    """Copy the final checkpoint's Hugging Face files (not its training state) to `out/model`, self-contained
-    (remote code and `auto_map`, as every stage writes them)."""
-    final = out / "model"
-    final.mkdir(parents=True, exist_ok=True)
-    for name in CHECKPOINT_FILES:
-        if (source / name).is_file():
-            shutil.copy2(source / name, final / name)
-    return add_remote_code(final)
+    """The final checkpoint, self-contained (remote code and `auto_map`), without its training records (resume
+    states, metrics, plots: `export_remote_code`), as `out/model`."""
+    return export_remote_code(source, out / "model", overwrite=True)
 
 
 def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:

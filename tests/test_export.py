@@ -21,7 +21,14 @@ from safetensors.torch import load_file
 from kimi_vl.cli import main
 from kimi_vl.configuration import KimiVLConfig
 from kimi_vl.errors import CheckpointError, KimiVLError
-from kimi_vl.export import ENTRY_MODULE, add_remote_code, export_remote_code, generate_modules, rewrite_imports
+from kimi_vl.export import (
+    ENTRY_MODULE,
+    TRAINING_RECORDS,
+    add_remote_code,
+    export_remote_code,
+    generate_modules,
+    rewrite_imports,
+)
 from kimi_vl.modeling import KimiVLForConditionalGeneration
 from kimi_vl.processing import KimiVLProcessor
 from kimi_vl.text import KimiTextConfig
@@ -286,6 +293,32 @@ def test_cli_export(checkpoint, tmp_path, capsys):
     assert (tmp_path / "remote" / "model.safetensors").is_file()
     assert main(["export", str(tmp_path / "missing"), str(tmp_path / "x")]) == 2
     assert "no config.json" in capsys.readouterr().err
+
+
+def test_export_leaves_out_training_records_and_never_mixes_checkpoints(checkpoint, tmp_path, capsys):
+    stage = tmp_path / "stage"  # a training stage's folder: the checkpoint and its run's records
+    shutil.copytree(checkpoint["dir"], stage)
+    for name in ("state/step_00000010", "plots"):
+        (stage / name).mkdir(parents=True)
+    (stage / "state" / "step_00000010" / "optimizer.pt").write_bytes(b"x")
+    (stage / "metrics.jsonl").write_text("{}\n")
+    (stage / "README.md").write_text("model card")
+    out = export_remote_code(stage, tmp_path / "published")
+    names = {p.name for p in out.iterdir()}
+    assert not names & TRAINING_RECORDS and {"README.md", "model.safetensors", f"{ENTRY_MODULE}.py"} <= names
+
+    stale = out / "model.safetensors.index.json"  # another checkpoint's shard index would shadow the weights
+    stale.write_text("{}")
+    weights = (out / "model.safetensors").read_bytes()
+    with pytest.raises(CheckpointError, match="not empty"):
+        export_remote_code(stage, out)
+    assert stale.is_file() and not list(tmp_path.glob(".published*"))  # refused before anything was written
+    assert main(["export", str(stage), str(out)]) == 2 and "--overwrite" in capsys.readouterr().err
+    assert main(["export", str(stage), str(out), "--overwrite"]) == 0
+    assert not stale.exists() and (out / "model.safetensors").read_bytes() == weights
+    with pytest.raises(CheckpointError, match="inside the checkpoint"):
+        export_remote_code(stage, stage / "published")
+    assert export_remote_code(stage, stage) == stage and (stage / "state").is_dir()  # in place: nothing removed
 
 
 # --- save / load round trip --------------------------------------------------------------------------------------------
