@@ -1,6 +1,7 @@
 """Progress reports: tqdm where stderr is interactive, whole lines (`LogLines`) in logs."""
 
 import io
+import json
 
 import pytest
 
@@ -86,7 +87,7 @@ def test_a_redirected_cli_run_logs_lines_not_redraws(tmp_path, capsys):
     from kimi_vl.cli import main
 
     docs = tmp_path / "docs.jsonl"
-    docs.write_text("\n".join('{"text": "document %d"}' % i for i in range(5)))
+    docs.write_text("\n".join(json.dumps({"text": f"document {i}"}) for i in range(5)))
     assert transformers_logging.is_progress_bar_enabled()
     assert main(["data", "check", str(docs)]) == 0
     assert transformers_logging.is_progress_bar_enabled()  # silenced for the command only

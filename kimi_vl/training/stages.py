@@ -3,7 +3,8 @@
 kimi_vl`, or with `trust_remote_code=True` where kimi_vl is not installed) plus `run_config.json` (the resolved
 configuration), `metrics.jsonl`, `data_errors.jsonl` (bad records skipped), `plots/`, `state/` (resumable training
 state) and `training_summary.json`. Rerunning a stage resumes it from its last checkpoint; a finished stage (its
-summary says `complete`) is not rerun.
+summary says `complete`) is not rerun: asked again with the same settings it is returned as it is, with others
+(`RUN_ONLY_SETTINGS` aside) it raises `ConfigError`.
 
 - `pretrain`: joint text-vision pre-training from scratch (vision tokens from step one; the `tiny` preset: 10% of
   the tokens in the option-letter drill, 15% after), MuonClip; on the embedded data, or on users' documents and
@@ -42,7 +43,7 @@ from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
-from .config import RunConfig, resolve, write_run_config
+from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset
 from .rl import RLStep
@@ -96,6 +97,41 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
 def stage_complete(path: str | Path) -> bool:
     summary = read_summary(path)
     return bool(summary and summary.get("complete"))
+
+
+RUN_ONLY_SETTINGS = frozenset({"progress", "num_workers", "checkpoint_every", "keep_checkpoints", "val_every",
+                               "val_batches", "nan_patience", "strict", "max_bad_in_a_row", "allow_data_change"})
+"""Settings that change how a run goes (its reports, checkpoints, loader processes, failure policy), not what it
+trains: a finished stage asked again with other values of these is the same run."""
+
+
+def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None) -> bool:
+    """Whether `out_dir` holds a finished run of `cfg` (from `from_dir`): then the stage returns it as it is, which
+    makes a rerun (the quickstart's resume) free. A finished run of other settings raises `ConfigError`: training it
+    again is not what a rerun does, and returning it would pass it off as the run asked for."""
+    if not stage_complete(out_dir):
+        return False
+    saved_path = out_dir / RUN_CONFIG
+    if not saved_path.is_file():  # written by a version that did not record it: nothing to compare
+        return True
+    saved = json.loads(saved_path.read_text())
+    asked = json.loads(json.dumps(cfg.to_dict()))
+    changes = [f"{key} {saved.get(key)!r} -> {asked[key]!r}" for key in ("stage", "preset", "seed")
+               if saved.get(key) != asked[key]]
+    for section in ("train", "data", "rl"):
+        old, new = saved.get(section) or {}, asked.get(section) or {}
+        changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted({*old, *new})
+                    if name not in RUN_ONLY_SETTINGS and old.get(name) != new.get(name)]
+    if from_dir is not None:
+        was = (read_summary(out_dir) or {}).get("from")
+        if was is None or Path(was).resolve() != Path(from_dir).resolve():
+            changes.append(f"from {was!r} -> {str(from_dir)!r}")
+    if changes:
+        raise ConfigError(
+            f"{out_dir} holds a finished {cfg.stage} run with other settings ({'; '.join(changes)}), and a finished "
+            f"stage is not trained again. Write the new run to another --out (or delete {out_dir}); to reuse the "
+            f"finished one, rerun with its settings ({saved_path} is accepted by --config).")
+    return True
 
 
 def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneration, KimiVLProcessor]:
@@ -175,9 +211,9 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", seed: int = 0, config
              **settings: Any) -> Path:
     """Joint text-vision pre-training from scratch; returns the checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
-    if stage_complete(out_dir):
-        return out_dir
     cfg = _config("pretrain", config, preset, seed, settings)
+    if _finished(out_dir, cfg):
+        return out_dir
     processor = _processor_for(out_dir, cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(get_preset(cfg.preset), processor)
@@ -188,10 +224,10 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
         config: RunConfig | None = None, **settings: Any) -> Path:
     """SFT of the checkpoint in `from_dir` (zero-vision on the embedded data); returns `out_dir`."""
     out_dir = Path(out_dir)
-    if stage_complete(out_dir):
+    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings)
+    if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir)
-    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings)
     return _train(cfg, model, processor, out_dir, {"from": str(from_dir)})
 
 
@@ -247,10 +283,10 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     task families `families`), a pure function of `(seed, i)`, so a resumed run is the uninterrupted one. Returns the
     checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
-    if stage_complete(out_dir):
-        return out_dir
     t0 = time.perf_counter()
     cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings)
+    if _finished(out_dir, cfg, from_dir):
+        return out_dir
     data = cfg.data
     prompts = rl_prompts(data, cfg.seed)
     if prompts is None:

@@ -1,5 +1,6 @@
 """The training stages end to end on the tiny preset with a few steps: checkpoint directories that load, summaries,
-skipping finished stages, the RL stage's resume, and the CLI."""
+skipping finished stages (and refusing to pass one off as a run of other settings), the RL stage's resume, and the
+CLI."""
 
 import json
 
@@ -35,12 +36,18 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     assert [m["step"] for m in metrics] == [1, 2, 3] and all(m["vision_tokens"] > 0 for m in metrics)
     mtime = (pretrained / "model.safetensors").stat().st_mtime
     pretrain(pretrained, steps=3, progress=False)  # finished: not rerun
+    pretrain(pretrained, steps=3, num_workers=1, checkpoint_every=7)  # settings of how it runs: the same run
+    with pytest.raises(ConfigError, match=r"finished pretrain run with other settings \(lr 0.003 -> 0.001; steps 3 -> "
+                                          r"5\).*another --out"):
+        pretrain(pretrained, steps=5, lr=1e-3, progress=False)  # not passed off as the run asked for
     assert (pretrained / "model.safetensors").stat().st_mtime == mtime
 
 
 def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
     assert read_summary(sft_dir)["from"] == str(pretrained)
+    with pytest.raises(ConfigError, match=r"other settings \(from '.*pretrain' -> '.*elsewhere'\)"):
+        sft(tmp_path / "elsewhere", sft_dir, steps=2, progress=False, val_batches=1)
     # the tiny preset makes 2 optimizer steps per rollout batch: 4 steps are 2 batches, the cut falls between them
     assert get_preset("tiny").rl_algorithm.updates_per_batch == 2
     full = rl(sft_dir, tmp_path / "rl_full", steps=4, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
