@@ -374,6 +374,10 @@ class Trainer:
         check_data(json.loads((path / "trainer_state.json").read_text()).get("data"), self.fingerprint,
                    self.allow_data_change, path)
         state = load_checkpoint(path, model=self.raw_model, optimizer=self.optimizer)
+        if state["step"] > self.cfg.steps:
+            raise ConfigError(f"{self.state_dir} holds a checkpoint at step {state['step']}, past this run's "
+                              f"{self.cfg.steps} steps; pass --steps {state['step']} or more to resume it, or write "
+                              "the run to another --out.")
         self.step, self.tokens = state["step"], state["tokens"]
         self.skipped, self.nonfinite_in_a_row = state["skipped"], state["nonfinite_in_a_row"]
         if self.accelerator.is_main_process:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kimi_vl.errors import CheckpointError, TrainingDivergedError
+from kimi_vl.errors import CheckpointError, ConfigError, TrainingDivergedError
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
 from kimi_vl.training.plots import plot_metrics
@@ -100,6 +100,8 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
         Trainer(tiny_lm(), killed, cfg(grad_accum=2), cut).train()
     assert len(read_metrics(cut / "metrics.jsonl")) == 6
     assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000004"]
+    with pytest.raises(ConfigError, match="checkpoint at step 4, past this run's 3 steps"):
+        Trainer(tiny_lm(), CountingData(), cfg(grad_accum=2, steps=3), cut).train()
     resumed = Trainer(tiny_lm(seed=123), CountingData(), cfg(grad_accum=2), cut)  # other init: state must win
     resumed.train()
     got = read_metrics(cut / "metrics.jsonl")
