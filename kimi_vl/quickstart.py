@@ -68,8 +68,9 @@ def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress
     from .eval.runner import evaluate
 
     marker = out / "eval" / "done.json"
-    if (done := _done(marker)) is not None:
-        return done
+    arguments = {"data_dir": None if data_dir is None else str(data_dir), "limit": limit}
+    if (done := _done(marker)) is not None and done.get("arguments", arguments) == arguments:
+        return done  # a rerun with other evaluation arguments evaluates again (cached replies are reused)
     if data_dir is None:
         benchmarks, options = ["mmlu_pro_synth", "mathvista_synth"], PROXY_EVAL_CONFIG
     else:
@@ -82,7 +83,7 @@ def run_eval(out: Path, data_dir: str | Path | None, limit: int | None, progress
     for name, (model_dir, cfg) in runs.items():
         report = evaluate(model_dir, benchmarks, out / "eval" / name, cfg)
         results[name] = {b: {k: v for k, v in e.items() if k in KEEP} for b, e in report["benchmarks"].items()}
-    results["settings"] = options.changes()
+    results["settings"], results["arguments"] = options.changes(), arguments
     marker.write_text(json.dumps(results, indent=1))
     return results
 

@@ -90,6 +90,25 @@ def test_quickstart_warns_that_a_gpu_preset_would_run_on_the_cpu(monkeypatch):
         check_arguments("tiny", 1.0, None, None)
 
 
+def test_a_rerun_with_other_evaluation_arguments_evaluates_again(tmp_path, monkeypatch):
+    from kimi_vl.eval import runner
+    from kimi_vl.quickstart import run_eval
+
+    calls = []
+
+    def fake_evaluate(model_dir, benchmarks, out_dir, config):
+        calls.append((model_dir.name, config.limit))
+        return {"benchmarks": {"mmlu_pro_synth": {"accuracy": config.limit / 10}}}
+
+    monkeypatch.setattr(runner, "evaluate", fake_evaluate)
+    (tmp_path / "eval").mkdir()
+    first = run_eval(tmp_path, None, 4, progress=False)
+    assert calls == [("pretrain", 4), ("sft", 4), ("rl", 4), ("rl", 4)]  # three stages and the fresh draw
+    assert run_eval(tmp_path, None, 4, progress=False) == first and len(calls) == 4  # done: reused
+    again = run_eval(tmp_path, None, 5, progress=False)  # not the 4-item figures passed off as 5-item ones
+    assert len(calls) == 8 and again["rl"]["mmlu_pro_synth"]["accuracy"] == 0.5 and again["arguments"]["limit"] == 5
+
+
 def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL, the fresh draw),
     chance and the best constant answer, the MMLU-Pro proxy's categories and MathVista's two parts (each beside its
