@@ -129,8 +129,8 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
     if changes:
         raise ConfigError(
             f"{out_dir} holds a finished {cfg.stage} run with other settings ({'; '.join(changes)}), and a finished "
-            f"stage is not trained again. Write the new run to another --out (or delete {out_dir}); to reuse the "
-            f"finished one, rerun with its settings ({saved_path} is accepted by --config).")
+            f"stage is not trained again. Write the new run to another --out (or delete {out_dir}); the finished "
+            f"run's settings are in {saved_path}.")
     return True
 
 
