@@ -5,7 +5,7 @@ import json
 import numpy as np
 import torch
 from PIL import Image
-from transformers import pipeline
+from transformers import AutoProcessor, pipeline
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.tokenization import IM_END
@@ -42,3 +42,28 @@ def test_image_text_to_text_pipeline(tmp_path):
     prompt = "<|media_start|>image<|media_content|><|media_pad|><|media_end|>the cat"
     out = pipe(images=image, text=prompt, max_new_tokens=3, generate_kwargs={"do_sample": False})
     assert isinstance(out[0]["generated_text"], str) and out[0]["generated_text"].startswith(prompt)
+
+
+def test_a_padded_batch_generates_what_each_prompt_does_alone(tmp_path):
+    proc = tiny_processor()
+    model = tiny_model(proc).eval()
+    assert proc.tokenizer.padding_side == "left"  # the tokenizer's default, saved with it
+    proc.save_pretrained(tmp_path)
+    assert AutoProcessor.from_pretrained(tmp_path).tokenizer.padding_side == "left"
+    rng = np.random.default_rng(1)
+    chats = [[{"role": "user", "content": [{"type": "image", "image": Image.fromarray(
+        rng.integers(0, 256, size, dtype=np.uint8))}, {"type": "text", "text": text}]}]
+        for size, text in [((40, 60, 3), "the cat"), ((90, 30, 3), "a dog sat on the red mat by the door")]]
+    alone = []
+    for chat in chats:
+        inputs = proc.apply_chat_template(chat, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                          return_tensors="pt")
+        with torch.no_grad():
+            alone.append(model.generate(**inputs, max_new_tokens=6, do_sample=False)[0, inputs["input_ids"].shape[1]:])
+    inputs = proc.apply_chat_template(chats, add_generation_prompt=True, tokenize=True, return_dict=True,
+                                      return_tensors="pt", processor_kwargs={"padding": True})
+    assert (inputs["attention_mask"][:, 0] == 0).any()  # one prompt is padded, at its start
+    with torch.no_grad():
+        batch = model.generate(**inputs, max_new_tokens=6, do_sample=False)[:, inputs["input_ids"].shape[1]:]
+    for row, ids in zip(batch, alone):
+        assert row[: len(ids)].tolist() == ids.tolist()

@@ -57,7 +57,8 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
         min_frequency: a pair is merged only if it occurs at least this many times.
 
     Returns:
-        A `PreTrainedTokenizerFast` with `bos_token="[BOS]"`, `eos_token="<|im_end|>"`, `pad_token="[PAD]"`,
+        A `PreTrainedTokenizerFast` padding on the left, with `bos_token="[BOS]"`, `eos_token="<|im_end|>"`,
+        `pad_token="[PAD]"`,
         `image_token` / `video_token` set to `MEDIA_PAD` / `VIDEO_PLACEHOLDER`, and Kimi's chat template
         (`kimi_vl.tokenization.chat_template.CHAT_TEMPLATE`). It saves and loads with `save_pretrained` /
         `from_pretrained` (or `AutoTokenizer.from_pretrained`).
@@ -103,6 +104,7 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int, *, min_frequency: int
         extra_special_tokens=[t for t in SPECIAL_TOKENS if t not in (BOS, IM_END, PAD)],
         clean_up_tokenization_spaces=False,
         model_input_names=["input_ids", "attention_mask"],
+        padding_side="left",  # a batch of prompts for `generate` (right padding would continue after the pads)
     )
     tokenizer.chat_template = CHAT_TEMPLATE
     missing = [t for t in SPECIAL_TOKENS if tokenizer.convert_tokens_to_ids(t) != SPECIAL_TOKENS.index(t)]
