@@ -11,6 +11,8 @@ from .rope import check_rope_parameters
 LAYER_TYPES = ("kda", "mla", "mla_rope")
 MLA_TYPES = ("mla", "mla_rope")
 RESIDUALS = ("standard", "attnres", "block_attnres")
+KIMI_TOKEN_IDS = {"pad_token_id": 163839, "bos_token_id": 163584, "eos_token_id": 163586}
+"""The special-token ids of Kimi's tokenizer: `KimiTextConfig`'s defaults where `vocab_size` holds them."""
 
 
 def default_layer_types(num_hidden_layers: int, mla_every: int = 4) -> list[str]:
@@ -79,6 +81,8 @@ class KimiTextConfig(PretrainedConfig):
             48B Kimi-Linear AttnRes run (9 blocks + the embedding over 54 sublayers).
         initializer_range: std of the normal init of linear and embedding weights.
         tie_word_embeddings: share the input embedding with the LM head.
+        pad_token_id, bos_token_id, eos_token_id: special-token ids; default Kimi's tokenizer's (`KIMI_TOKEN_IDS`),
+            or None where `vocab_size` does not hold them.
     """
 
     model_type = "kimi_vl_text"
@@ -122,9 +126,9 @@ class KimiTextConfig(PretrainedConfig):
         initializer_range: float = 0.02,
         use_cache: bool = True,
         tie_word_embeddings: bool = False,
-        pad_token_id: int | None = 163839,
-        bos_token_id: int | None = 163584,
-        eos_token_id: int | list[int] | None = 163586,
+        pad_token_id: int | None = KIMI_TOKEN_IDS["pad_token_id"],
+        bos_token_id: int | None = KIMI_TOKEN_IDS["bos_token_id"],
+        eos_token_id: int | list[int] | None = KIMI_TOKEN_IDS["eos_token_id"],
         **kwargs,
     ):
         self.vocab_size = vocab_size
@@ -163,11 +167,13 @@ class KimiTextConfig(PretrainedConfig):
         self.attnres_block_size = attnres_block_size
         self.initializer_range = initializer_range
         self.use_cache = use_cache
+        # Kimi's ids outside a smaller vocabulary (a config of one's own) name no token: none, not an invalid id
+        ids = {name: None if value == KIMI_TOKEN_IDS[name] and value >= vocab_size else value
+               for name, value in (("pad_token_id", pad_token_id), ("bos_token_id", bos_token_id),
+                                   ("eos_token_id", eos_token_id))}
         try:
             super().__init__(
-                pad_token_id=pad_token_id,
-                bos_token_id=bos_token_id,
-                eos_token_id=eos_token_id,
+                **ids,
                 tie_word_embeddings=tie_word_embeddings,
                 **kwargs,
             )

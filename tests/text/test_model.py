@@ -32,6 +32,15 @@ def test_default_layout_is_3_to_1_hybrid():
     assert tiny_config(num_hidden_layers=8).layer_types == ["kda", "kda", "kda", "mla"] * 2
 
 
+def test_kimis_token_ids_are_the_defaults_only_where_the_vocabulary_holds_them(caplog):
+    kimi = KimiTextConfig()
+    assert (kimi.pad_token_id, kimi.bos_token_id, kimi.eos_token_id) == (163839, 163584, 163586)
+    with caplog.at_level("WARNING"):
+        own = KimiTextConfig(vocab_size=32000, eos_token_id=5)
+    assert (own.pad_token_id, own.bos_token_id, own.eos_token_id) == (None, None, 5)
+    assert "within the vocabulary" not in caplog.text  # transformers' warning about an out-of-range id
+
+
 @torch.no_grad()
 def test_cached_decode_equals_full_forward_every_step():
     model = tiny_model()
