@@ -33,8 +33,9 @@ def interactive(stream: TextIO | None = None) -> bool:
 class LogLines:
     """tqdm's interface as whole lines: `desc: n/total (p%), rate, elapsed, left | postfix`.
 
-    A line is written when `interval` seconds have passed since the last one, when the description changes, when
-    the count reaches `total`, and on `close` if the count moved since the last line."""
+    A line is written when `interval` seconds have passed since the last one, when the count reaches `total`, when
+    the description changes (unless a line already showed this count: a loop that names its next item after
+    counting the last one writes one line, not two), and on `close` if the count moved since the last line."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, initial: int = 0,
                  desc: str = "", unit: str = "it", interval: float = LOG_INTERVAL, file: TextIO | None = None):
@@ -45,7 +46,8 @@ class LogLines:
         self.file = file
         self.postfix = ""
         self.start = self.last = time.monotonic()
-        self.initial = self.last_n = initial
+        self.initial = initial
+        self.last_n: int | None = None  # the count the last line showed
         self.closed = False
 
     def __iter__(self) -> Iterator:
@@ -72,10 +74,11 @@ class LogLines:
     def set_description(self, desc: str) -> None:
         if desc != self.desc:
             self.desc = desc
-            self._write(time.monotonic())
+            if self.last_n != self.n:
+                self._write(time.monotonic())
 
     def close(self) -> None:
-        if not self.closed and self.n != self.last_n:
+        if not self.closed and self.n != self.last_n and self.n != self.initial:
             self._write(time.monotonic())
         self.closed = True
 

@@ -49,6 +49,17 @@ def test_lines_every_interval_on_a_new_description_and_at_the_end(clock):
     assert len(lines) == 3 and "\r" not in out.getvalue()
 
 
+def test_a_loop_that_names_its_next_item_writes_one_line_per_item(clock):
+    out = io.StringIO()
+    bar = LogLines(["a", "b"], desc="run", interval=30, file=out)
+    for item in bar:
+        bar.set_description(f"run [{item}]")
+        clock.now += 60
+    assert out.getvalue().splitlines() == ["run [a]: 0/2 (0%), 00:00 elapsed",
+                                           "run [a]: 1/2 (50%), 60 s/it, 01:00 elapsed, 01:00 left",
+                                           "run [b]: 2/2 (100%), 60 s/it, 02:00 elapsed, 00:00 left"]
+
+
 def test_iteration_resumed_count_and_no_total(clock):
     out = io.StringIO()
     seen = []
