@@ -21,8 +21,6 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from .demos.similarity import gap_closed
 from .errors import ConfigError
 from .export import export_remote_code
@@ -143,12 +141,8 @@ def export_final(out: Path, source: Path) -> Path:
 def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
     """Fail before any training on what would only fail (or mean nothing) after it: `scale` must be a positive
     number, `eval_limit` at least 1, and `data_dir` must hold both benchmarks' files (the evaluation reads them after
-    the training stages). Raises `ConfigError` or `DataUnavailableError`. Warns when a preset other than `tiny` (the
-    CPU recipe) would run without a CUDA device."""
-    if preset != "tiny" and not torch.cuda.is_available():
-        warnings.warn(f"preset {preset!r} is a GPU recipe and no CUDA device is visible: on the CPU its full run takes "
-                      "days. `--preset tiny` is the CPU recipe; `--scale` shortens a trial run.", UserWarning,
-                      stacklevel=3)
+    the training stages). Raises `ConfigError` or `DataUnavailableError`. (A GPU preset without a CUDA device warns
+    when the first stage resolves its configuration: `warn_without_cuda`.)"""
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ConfigError(f"scale must be a positive number (e.g. 0.05 for a smoke run, 1 for the full run); got "
                           f"{scale!r}.")

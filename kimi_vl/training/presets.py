@@ -4,8 +4,11 @@ single-GPU recipe). A preset holds typed settings per stage (`TrainConfig`, `Dat
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
+
+import torch
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
@@ -126,6 +129,18 @@ PRESETS: dict[str, Preset] = {
         rl_algorithm=RLConfig(k=8, max_new_tokens=512),
     ),
 }
+
+
+CPU_PRESETS = ("tiny",)
+"""The presets meant for a CPU; the others are GPU recipes."""
+
+
+def warn_without_cuda(preset: str) -> None:
+    """Warn (UserWarning) when the GPU recipe `preset` is about to run without a CUDA device: days on the CPU."""
+    if preset not in CPU_PRESETS and not torch.cuda.is_available():
+        warnings.warn(f"preset {preset!r} is a GPU recipe and no CUDA device is visible: on the CPU its full run takes "
+                      "days. `--preset tiny` is the CPU recipe; fewer `--steps` (the quickstart's `--scale`) make a "
+                      "trial run.", UserWarning, stacklevel=3)
 
 
 def get_preset(name: str) -> Preset:

@@ -45,7 +45,7 @@ from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
 from .plots import plot_metrics, plot_rl_metrics
-from .presets import Preset, get_preset
+from .presets import Preset, get_preset, warn_without_cuda
 from .rl import RLStep
 from .trainer import Trainer, read_metrics, unigram_entropy
 
@@ -145,10 +145,12 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
 
 
 def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overrides: dict[str, Any]) -> RunConfig:
+    """The stage's resolved configuration (before anything runs: a GPU preset without CUDA warns here)."""
     if config is None:
-        return resolve(stage, preset, overrides, seed=seed)
-    if overrides or config.stage != stage:
+        config = resolve(stage, preset, overrides, seed=seed)
+    elif overrides or config.stage != stage:
         raise ConfigError(f"pass either a {stage} RunConfig or settings, not both (got {sorted(overrides)}).")
+    warn_without_cuda(config.preset)
     return config
 
 

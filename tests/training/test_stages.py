@@ -3,6 +3,7 @@ skipping finished stages (and refusing to pass one off as a run of other setting
 CLI."""
 
 import json
+import warnings
 
 import pytest
 import torch
@@ -100,6 +101,19 @@ def test_stage_errors(tmp_path):
         family_tasks(("audio",))
     with pytest.raises(ConfigError, match="unknown preset"):
         pretrain(tmp_path / "p", preset="huge", progress=False)
+
+
+def test_a_gpu_preset_warns_that_it_would_run_on_the_cpu(monkeypatch, tmp_path):
+    """`--preset small` without a CUDA device would train for days on the CPU: a stage (the quickstart's first, or
+    `kimi-vl train`) says so when it resolves its configuration, before it loads or trains anything."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.warns(UserWarning, match="'small' is a GPU recipe and no CUDA device is visible"):
+        with pytest.raises(CheckpointError):  # the warning comes first
+            sft(tmp_path / "missing", tmp_path / "out", preset="small")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(CheckpointError):
+            sft(tmp_path / "missing", tmp_path / "out", preset="tiny")
 
 
 def test_cli_train_rl(pretrained, tmp_path, capsys):
