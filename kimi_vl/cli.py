@@ -95,7 +95,8 @@ def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
         p.add_argument("--preset", default=None, help="model/data/schedule preset: tiny (CPU) or small (one GPU); "
                        "default: tiny (pretrain), the checkpoint's preset (sft, rl)")
         p.add_argument("--config", default=None, help="YAML or JSON file of settings (options override it)")
-        p.add_argument("--seed", type=int, default=None)
+        p.add_argument("--seed", type=int, default=None,
+                       help="seed of the initialisation, data order and sampling (default: --config's, else 0)")
         add_stage_options(p, stage)
         p.set_defaults(func=_train)
 
@@ -132,7 +133,8 @@ def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--reward", choices=REWARD_CHOICES, default=None, help="RL reward of every prompt row")
     chk.add_argument("--tokenizer", default=None, help="a checkpoint or tokenizer folder: count tokens exactly "
                      "(default: an estimate)")
-    chk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True)
+    chk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                     help="show progress (a bar on a terminal, lines in a log)")
     chk.set_defaults(func=_data_check)
 
 
@@ -183,7 +185,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
     qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")
-    qs.add_argument("--seed", type=int, default=0)
+    qs.add_argument("--seed", type=int, default=0, help="seed of every stage (default: 0)")
     qs.set_defaults(func=_quickstart)
     export = sub.add_parser("export", help="a saved Kimi-VL model directory -> a self-contained Hugging Face "
                             "remote-code copy (loads with trust_remote_code=True, without kimi_vl installed)")
@@ -205,7 +207,8 @@ def build_parser() -> argparse.ArgumentParser:
     vrl = kinds.add_parser("vision-rl", help="RL text-only vs text+vision from one SFT checkpoint, evaluated on text "
                            "and vision benchmarks, seeds and 95%% CIs")
     vrl.add_argument("--from", dest="from_dir", required=True, help="SFT checkpoint directory")
-    vrl.add_argument("--out", required=True)
+    vrl.add_argument("--out", required=True, help="output directory: an RL run and its evaluation per arm and seed, "
+                     "then ablation.md / .json / .png (rerun to resume)")
     vrl.add_argument("--seeds", type=int, default=ABLATION_SEEDS,
                      help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint, "
                      "with the proxies' default items, both deltas' 95%% half-widths are 0.3-1 point; about 9 min on "

@@ -54,7 +54,7 @@ class EvalConfig:
         proxy_seed: seed of the synthetic proxies.
         proxy_split: split of the world the proxies draw their items from: eval (held out from every training
             draw: the reported figures) or val (the validation draw, for tuning settings).
-        progress: progress bars.
+        progress: show progress (a bar on a terminal or in a notebook, a line every 30 s in a log).
     """
 
     data_dir: str | None = None

@@ -81,7 +81,7 @@ class TrainConfig:
             weighs the same: the mean of the documents' token means, so short answers count as much as long texts;
             validation losses stay token means).
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), no (fp32) or bf16.
-        progress: show a progress bar.
+        progress: show progress (a bar on a terminal or in a notebook, a line every 30 s in a log).
     """
 
     steps: int = 1000

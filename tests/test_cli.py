@@ -1,0 +1,20 @@
+"""The `kimi-vl` command documents itself: every option of every subcommand has a help text."""
+
+import argparse
+
+from kimi_vl.cli import build_parser
+
+
+def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
+    found = []
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                found += undocumented(sub, f"{path} {name}")
+        elif not action.help and not isinstance(action, argparse._HelpAction):
+            found.append(f"{path} {'/'.join(action.option_strings) or action.dest}")
+    return found
+
+
+def test_every_option_has_help():
+    assert undocumented(build_parser(), "kimi-vl") == []
