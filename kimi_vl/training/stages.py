@@ -122,7 +122,7 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
         old, new = saved.get(section) or {}, asked.get(section) or {}
         changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted({*old, *new})
                     if name not in RUN_ONLY_SETTINGS and old.get(name) != new.get(name)]
-    if from_dir is not None:
+    if from_dir is not None:  # recorded absolute (runs before that: relative to where they were started)
         was = (read_summary(out_dir) or {}).get("from")
         if was is None or Path(was).resolve() != Path(from_dir).resolve():
             changes.append(f"from {was!r} -> {str(from_dir)!r}")
@@ -230,7 +230,7 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir)
-    return _train(cfg, model, processor, out_dir, {"from": str(from_dir)})
+    return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve())})
 
 
 RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")),
@@ -310,7 +310,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({label})")
     first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
     return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), processor, out_dir, {
-        "preset": cfg.preset, "seed": cfg.seed, "from": str(from_dir),
+        "preset": cfg.preset, "seed": cfg.seed, "from": str(Path(from_dir).resolve()),
         "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
         "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None

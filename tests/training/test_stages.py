@@ -4,6 +4,7 @@ CLI."""
 
 import json
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -44,11 +45,14 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     assert (pretrained / "model.safetensors").stat().st_mtime == mtime
 
 
-def test_sft_then_rl_and_rl_resume(pretrained, tmp_path):
+def test_sft_then_rl_and_rl_resume(pretrained, tmp_path, monkeypatch):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
-    assert read_summary(sft_dir)["from"] == str(pretrained)
+    assert read_summary(sft_dir)["from"] == str(pretrained.resolve())
     with pytest.raises(ConfigError, match=r"other settings \(from '.*pretrain' -> '.*elsewhere'\)"):
         sft(tmp_path / "elsewhere", sft_dir, steps=2, progress=False, val_batches=1)
+    monkeypatch.chdir(pretrained.parent)  # the same checkpoint named from another folder: the same run
+    assert sft(Path("pretrain"), sft_dir, steps=2, progress=False) == sft_dir
+    monkeypatch.undo()
     # the tiny preset makes 2 optimizer steps per rollout batch: 4 steps are 2 batches, the cut falls between them
     assert get_preset("tiny").rl_algorithm.updates_per_batch == 2
     full = rl(sft_dir, tmp_path / "rl_full", steps=4, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
