@@ -239,8 +239,10 @@ def sample_frame_indices(
             raise ConfigError(f"fps must be positive, got {fps}.")
         if not source_fps:
             raise InvalidMediaError(
-                "sampling by fps needs the source frame rate, which is unknown for this video; "
-                "pass it in the video metadata, sample by num_frames, or disable frame sampling."
+                "sampling by fps needs the source frame rate, which is unknown for this video (decoded frames "
+                "passed without one?); pass it as `video_metadata=[{'fps': ...}]`, sample by `num_frames`, or keep "
+                "every frame with `do_sample_frames=False` (through `apply_chat_template`: "
+                "`processor_kwargs={'do_sample_frames': False}`)."
             )
         n = min(total_frames, max(1, int(total_frames / source_fps * fps)))
     else:
