@@ -221,9 +221,8 @@ def convert_kimi_linear(
     Returns the destination directory.
     """
     src, dst = Path(src_dir), Path(dst_dir)
-    if not (src / "config.json").is_file():
-        raise CheckpointError(f"{src} has no config.json: pass a Hugging Face checkpoint directory.")
-    cfg = kimi_linear_config_to_text_config(json.loads((src / "config.json").read_text()), **config_overrides)
+    raw = load_config_json(src, ("kimi_linear",), "convert_kimi_linear", CONVERTERS)
+    cfg = kimi_linear_config_to_text_config(raw, **config_overrides)
     source = _Source(src)
     plan = _plan(source.keys(), cfg)
     _check_against_model(plan, cfg)

@@ -56,8 +56,11 @@ def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
     (naming, from `tips` (model_type -> command), the command that imports that type instead)."""
     config_file = src / "config.json"
     if not config_file.is_file():
+        hub = (f" `{src}` is not a local folder; to import it from the Hugging Face Hub, download it first "
+               f"(`huggingface-cli download {src.as_posix()} --local-dir DIR`) and pass DIR."
+               if not src.exists() and len(src.parts) == 2 and not src.is_absolute() else "")
         raise CheckpointError(f"{config_file} not found: point {converter} at a transformers checkpoint directory "
-                              "(config.json + *.safetensors).")
+                              "(config.json + *.safetensors)." + hub)
     raw = json.loads(config_file.read_text())
     model_type = raw.get("model_type")
     if model_type not in expected:

@@ -116,11 +116,16 @@ def test_released_layout_and_sharding(tmp_path):
     assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
 
 
-def test_convert_rejects_bad_input(tmp_path):
-    with pytest.raises(CheckpointError, match="config.json"):
+def test_convert_rejects_bad_input(tmp_path, monkeypatch):
+    with pytest.raises(CheckpointError, match="config.json") as error:
         convert_kimi_linear(tmp_path, tmp_path / "out")
-    (tmp_path / "config.json").write_text('{"model_type": "llama"}')
-    with pytest.raises(CheckpointError, match="kimi_linear"):
+    assert "Hub" not in str(error.value)
+    monkeypatch.chdir(tmp_path)  # a Hub id, not a local folder: how to import it
+    with pytest.raises(CheckpointError, match=r"`huggingface-cli download moonshotai/Kimi-Linear-48B-A3B-Instruct "
+                                              r"--local-dir DIR`"):
+        convert_kimi_linear("moonshotai/Kimi-Linear-48B-A3B-Instruct", tmp_path / "out")
+    (tmp_path / "config.json").write_text('{"model_type": "kimi_k25"}')
+    with pytest.raises(CheckpointError, match="model_type='kimi_k25'.*Use `kimi-vl convert kimi-k25`"):
         convert_kimi_linear(tmp_path, tmp_path / "out")
 
 
