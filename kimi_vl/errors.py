@@ -1,6 +1,11 @@
 """Exception types users can catch. Every user-facing failure raises a `KimiVLError` subclass
 whose message says what was wrong and how to fix it."""
 
+from __future__ import annotations
+
+import os
+from pathlib import PurePath
+
 
 class KimiVLError(Exception):
     """Base class of every kimi-vl error."""
@@ -47,3 +52,13 @@ class BadRecordError(DataError):
 
     def __reduce__(self):  # picklable across data-loader worker processes
         return (type(self), (self.reason, self.file, self.row))
+
+
+def hub_id_hint(path: str | os.PathLike) -> str:
+    """A sentence for an error about the local folder `path` that does not exist, when it reads as a Hugging Face
+    Hub id (`org/name`): how to download it first. Empty otherwise."""
+    parts = PurePath(path).parts
+    if len(parts) != 2 or os.path.isabs(path) or os.path.exists(path):
+        return ""
+    return (f" `{'/'.join(parts)}` is not a local folder; to use it from the Hugging Face Hub, download it first "
+            f"(`huggingface-cli download {'/'.join(parts)} --local-dir DIR`) and pass DIR.")

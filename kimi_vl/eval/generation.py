@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ..data.encode import end_token_ids, tokenizer_of
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, hub_id_hint
 from ..tokenization.special_tokens import IM_MIDDLE
 
 
@@ -133,7 +133,7 @@ class Engine:
         path = Path(model_dir)
         if not path.is_dir():
             raise CheckpointError(f"model directory {str(path)!r} does not exist; pass a folder written by "
-                                  "save_pretrained or a training stage.")
+                                  "save_pretrained or a training stage." + hub_id_hint(path))
         if not (path / "config.json").is_file():
             raise CheckpointError(
                 f"{path} is not a saved model directory (no config.json); pass the folder written by "

@@ -23,7 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..errors import CheckpointError
+from ..errors import CheckpointError, hub_id_hint
 from .configuration import MoonViTConfig
 from .moonvit import MoonViTModel
 from .projector import PROJECTOR_WEIGHTS, MoonViTProjector
@@ -56,11 +56,8 @@ def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
     (naming, from `tips` (model_type -> command), the command that imports that type instead)."""
     config_file = src / "config.json"
     if not config_file.is_file():
-        hub = (f" `{src}` is not a local folder; to import it from the Hugging Face Hub, download it first "
-               f"(`huggingface-cli download {src.as_posix()} --local-dir DIR`) and pass DIR."
-               if not src.exists() and len(src.parts) == 2 and not src.is_absolute() else "")
         raise CheckpointError(f"{config_file} not found: point {converter} at a transformers checkpoint directory "
-                              "(config.json + *.safetensors)." + hub)
+                              "(config.json + *.safetensors)." + hub_id_hint(src))
     raw = json.loads(config_file.read_text())
     model_type = raw.get("model_type")
     if model_type not in expected:

@@ -266,6 +266,8 @@ def test_argument_errors(tmp_path, llama_dir, data_dir):
         EvalConfig(mathvista_extractor="gpt-4")
     with pytest.raises(CheckpointError, match="config.json"):
         runner.evaluate(tmp_path, "mmlu_pro", tmp_path / "o", EvalConfig(data_dir=data_dir))
+    with pytest.raises(CheckpointError, match="huggingface-cli download org/model --local-dir DIR"):  # a Hub id
+        runner.evaluate("org/model", "mmlu_pro", tmp_path / "o", EvalConfig(data_dir=data_dir))
     with pytest.raises(DataUnavailableError, match="testmini"):  # data is checked before the model is loaded
         runner.evaluate(tmp_path, "mathvista", tmp_path / "o", EvalConfig(data_dir=tmp_path))
     assert cut_at_stop("abc Question: next", ["Question:"]) == "abc "
