@@ -35,7 +35,7 @@ from ..configuration import KimiVLConfig
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
 from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
-from ..errors import CheckpointError, ConfigError
+from ..errors import CheckpointError, ConfigError, hub_id_hint
 from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
 from ..processing import KimiVLProcessor
@@ -139,7 +139,7 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a model checkpoint directory (no config.json); pass the --out "
-                              "directory of a finished `kimi-vl train` stage.")
+                              "directory of a finished `kimi-vl train` stage." + hub_id_hint(path))
     model = KimiVLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     return model, KimiVLProcessor.from_pretrained(path)
 
