@@ -13,7 +13,6 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any, TextIO
 
-from tqdm import tqdm as plain_tqdm
 from tqdm.auto import tqdm
 
 LOG_INTERVAL = 30.0
@@ -92,9 +91,9 @@ class LogLines:
         if rate is not None:
             per_second = f"{rate:.3g}" if rate < 1000 else f"{rate:,.0f}"
             parts.append(f"{per_second} {self.unit}/s" if rate >= 1 else f"{1 / rate:.3g} s/{self.unit}")
-        parts.append(f"{plain_tqdm.format_interval(elapsed)} elapsed")
+        parts.append(f"{tqdm.format_interval(elapsed)} elapsed")
         if rate is not None and self.total:
-            parts.append(f"{plain_tqdm.format_interval(max(self.total - self.n, 0) / rate)} left")
+            parts.append(f"{tqdm.format_interval(max(self.total - self.n, 0) / rate)} left")
         return ", ".join(parts) + (f" | {self.postfix}" if self.postfix else "")
 
     def _write(self, now: float) -> None:
