@@ -53,7 +53,7 @@ def _train(args: argparse.Namespace) -> None:
     else:
         run = stages.sft if args.stage == "sft" else stages.rl
         out = run(args.from_dir, args.out, preset=preset, seed=seed, **settings)
-    print(f"wrote {out}")
+    print(f"wrote {out} ({stages.summary_line(stages.read_summary(out) or {})})")
 
 
 def _eval(args: argparse.Namespace) -> None:

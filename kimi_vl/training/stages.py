@@ -94,6 +94,25 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
+def summary_line(summary: dict[str, Any]) -> str:
+    """A stage's `training_summary.json` in a line: steps, final and validation loss or RL reward, bad records, time."""
+    s = summary
+    parts = [f"{s.get('steps')} step{'' if s.get('steps') == 1 else 's'}"]
+    if s.get("final_loss") is not None:
+        parts.append(f"final loss {s['final_loss']:.3f}")
+    if s.get("val_loss") is not None:
+        parts.append(f"validation loss {s['val_loss']:.3f}")
+    if s.get("reward_first_fifth") is not None:
+        parts.append(f"mean reward {s['reward_first_fifth']:.3f} in the first fifth of the steps, "
+                     f"{s['reward_last_fifth']:.3f} in the last")
+    if s.get("bad_records"):
+        parts.append(f"{s['bad_records']} bad records skipped (data_errors.jsonl)")
+    if s.get("wall_time_s") is not None:
+        seconds = s["wall_time_s"]
+        parts.append(f"{seconds:.0f} s" if seconds < 60 else f"{seconds / 60:.1f} min")
+    return ", ".join(parts)
+
+
 def stage_complete(path: str | Path) -> bool:
     summary = read_summary(path)
     return bool(summary and summary.get("complete"))

@@ -3,6 +3,7 @@ skipping finished stages (and refusing to pass one off as a run of other setting
 CLI."""
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -14,7 +15,15 @@ import kimi_vl  # noqa: F401  (registers the Auto classes)
 from kimi_vl.cli import main
 from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.training.presets import get_preset
-from kimi_vl.training.stages import family_tasks, load_checkpoint_dir, pretrain, read_summary, rl, sft
+from kimi_vl.training.stages import (
+    family_tasks,
+    load_checkpoint_dir,
+    pretrain,
+    read_summary,
+    rl,
+    sft,
+    summary_line,
+)
 from kimi_vl.training.trainer import read_metrics
 
 
@@ -123,7 +132,10 @@ def test_a_gpu_preset_warns_that_it_would_run_on_the_cpu(monkeypatch, tmp_path):
 def test_cli_train_rl(pretrained, tmp_path, capsys):
     assert main(["train", "rl", "--from", str(pretrained), "--out", str(tmp_path / "rl"), "--steps", "1",
                  "--families", "text"]) == 0
-    assert "wrote" in capsys.readouterr().out
+    assert re.search(r"^wrote .*rl \(1 step, mean reward [0-9.]+ in the first fifth of the steps, [0-9.]+ in the "
+                     r"last, \d+ s\)$", capsys.readouterr().out.strip())
+    line = summary_line({"steps": 2000, "final_loss": 0.4591, "val_loss": 0.63, "bad_records": 3, "wall_time_s": 787})
+    assert line == "2000 steps, final loss 0.459, validation loss 0.630, 3 bad records skipped (data_errors.jsonl), 13.1 min"
     summary = json.loads((tmp_path / "rl" / "training_summary.json").read_text())
     assert summary["families"] == ["text"] and summary["steps"] == 1
     assert main(["train", "rl", "--from", str(tmp_path / "nowhere"), "--out", str(tmp_path / "x")]) == 2
