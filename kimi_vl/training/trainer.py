@@ -297,8 +297,9 @@ class Trainer:
                     self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
                 last["val_loss"] = self.evaluate()
             self._log(last)
+            rewards = {"reward": f"{last['reward_mean']:.3f}"} if "reward_mean" in last else {}  # RL steps
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows its step
             bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}")
             if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
                 bar.close()
                 raise TrainingDivergedError(

@@ -132,8 +132,11 @@ def test_a_gpu_preset_warns_that_it_would_run_on_the_cpu(monkeypatch, tmp_path):
 def test_cli_train_rl(pretrained, tmp_path, capsys):
     assert main(["train", "rl", "--from", str(pretrained), "--out", str(tmp_path / "rl"), "--steps", "1",
                  "--families", "text"]) == 0
+    captured = capsys.readouterr()
     assert re.search(r"^wrote .*rl \(1 step, mean reward [0-9.]+ in the first fifth of the steps, [0-9.]+ in the "
-                     r"last, \d+ s\)$", capsys.readouterr().out.strip())
+                     r"last, \d+ s\)$", captured.out.strip())
+    assert re.search(r"^rl \(text\): 1/1 \(100%\), .* \| loss=[-0-9.]+, lr=[0-9.e-]+, reward=[0-9.]+$",
+                     captured.err, re.M)  # the progress line of a log: RL steps show their mean reward
     line = summary_line({"steps": 2000, "final_loss": 0.4591, "val_loss": 0.63, "bad_records": 3, "wall_time_s": 787})
     assert line == "2000 steps, final loss 0.459, validation loss 0.630, 3 bad records skipped (data_errors.jsonl), 13.1 min"
     summary = json.loads((tmp_path / "rl" / "training_summary.json").read_text())
