@@ -94,9 +94,9 @@ def read_summary(path: str | Path) -> dict[str, Any] | None:
     return json.loads(f.read_text()) if f.is_file() else None
 
 
-def summary_line(summary: dict[str, Any]) -> str:
-    """A stage's `training_summary.json` in a line: steps, final and validation loss or RL reward, bad records, time."""
-    s = summary
+def summary_line(s: dict[str, Any]) -> str:
+    """A stage's `training_summary.json` `s` in a line: steps, final and validation loss or RL reward, bad records,
+    time."""
     parts = [f"{s.get('steps')} step{'' if s.get('steps') == 1 else 's'}"]
     if s.get("final_loss") is not None:
         parts.append(f"final loss {s['final_loss']:.3f}")
