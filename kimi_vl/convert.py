@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 from safetensors import safe_open
@@ -47,6 +48,13 @@ from .vision.convert import (
     read_source_config,
     rope_deinterleave,
 )
+
+if TYPE_CHECKING:
+    from transformers import PretrainedConfig
+
+    from .configuration import KimiVLConfig
+    from .modeling import KimiVLForConditionalGeneration
+    from .vision.configuration import MoonViTConfig
 
 __all__ = ["assemble_kimi_vl", "convert_deepseek_v3", "convert_kimi_k25", "convert_kimi_k25_vision",
            "convert_kimi_linear", "deepseek_v3_config_to_text_config", "kimi_linear_config_to_text_config"]
@@ -102,7 +110,7 @@ SHARED_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hid
                       "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
-def shared_text_fields(ref) -> dict:
+def shared_text_fields(ref: PretrainedConfig) -> dict:
     """The `KimiTextConfig` fields that transformers' `kimi_linear` and `deepseek_v3` configs name as we do, read from
     `ref` (either config), plus the standard residual stream (exact parity; AttnRes is an override)."""
     return {**{name: getattr(ref, name) for name in SHARED_TEXT_FIELDS}, "residual": "standard"}
@@ -268,7 +276,7 @@ def assemble_kimi_vl(
     *,
     image_token_id: int,
     video_token_id: int,
-):
+) -> KimiVLForConditionalGeneration:
     """A `KimiVLForConditionalGeneration` from a converted MoonViT directory (`convert_kimi_k25_vision`: tower and
     projector) and a text backbone: a `kimi_vl_text` checkpoint directory (e.g. from `convert_kimi_linear`) or a
     `KimiTextConfig` for a freshly initialised one. Save the result with `save_pretrained`."""
@@ -647,7 +655,7 @@ K25_TEXT_PREFIXES = ("language_model.model.", "model.language_model.")
 K25_HEAD_KEYS = ("language_model.lm_head.weight", "lm_head.weight")
 
 
-def kimi_k25_config(raw: dict, vision_config, **text_overrides):
+def kimi_k25_config(raw: dict, vision_config: MoonViTConfig, **text_overrides: Any) -> KimiVLConfig:
     """The `KimiVLConfig` of a `kimi_k25` config.json dict (its `text_config` through
     `deepseek_v3_config_to_text_config`; placeholder, vision start/end ids and projector eps carried over)."""
     from transformers import Kimi_K25Config

@@ -31,7 +31,7 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -45,6 +45,10 @@ from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
 from ..vision.media import VideoFrames, load_video
 from .html_repair import repair_html
+
+if TYPE_CHECKING:
+    from ..modeling import KimiVLForConditionalGeneration
+    from ..processing import KimiVLProcessor
 
 __all__ = [
     "DEFAULT_MAX_VIDEO_TOKENS",
@@ -100,7 +104,9 @@ class Video2WebResult:
 
 
 # ----------------------------------------------------------------------------------------------------- model
-def load_model(model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32"):
+def load_model(
+    model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32"
+) -> tuple[KimiVLForConditionalGeneration, KimiVLProcessor]:
     """Load `(model, processor)` from a saved Kimi-VL directory (`kimi_vl.eval.generation.Engine.from_pretrained`),
     checking that it can read videos.
 

@@ -13,7 +13,7 @@ greedily up to `max_new_tokens`, stops a row at an end-of-sequence id or a stop 
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -262,7 +262,7 @@ class Engine:
             results.append(cut_at_stop(text, stop))
         return results
 
-    def as_extractor(self, *, max_new_tokens: int = 64, batch: dict[str, str] | None = None):
+    def as_extractor(self, *, max_new_tokens: int = 64, batch: dict[str, str] | None = None) -> Callable[[str], str]:
         """A `prompt -> text` callable (the MathVista LLM extractor): greedy, through the chat template when there
         is one, first line of the answer. With `batch`, answers are looked up there first (precomputed)."""
 

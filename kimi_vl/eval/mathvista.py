@@ -37,11 +37,14 @@ import re
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..edit_distance import levenshtein
 from ..errors import ConfigError, InvalidMediaError
 from .data import DataUnavailableError, load_hub_dataset, load_local_split
+
+if TYPE_CHECKING:
+    from PIL import Image
 
 HF_REPO = "AI4Math/MathVista"
 SPLIT = "testmini"
@@ -484,7 +487,7 @@ def resolve_image(problem: Mapping[str, Any], image_root: str | os.PathLike | No
     )
 
 
-def load_problem_image(problem: Mapping[str, Any], image_root: str | os.PathLike | None = None):
+def load_problem_image(problem: Mapping[str, Any], image_root: str | os.PathLike | None = None) -> Image.Image:
     """The problem's image (see `resolve_image`) as an RGB PIL image.
 
     Raises:

@@ -39,7 +39,15 @@ class KimiDecoderLayer(nn.Module):
         self.mlp = MoE(config) if config.is_moe_layer(layer_idx) else SwiGLU(config.hidden_size,
                                                                             config.intermediate_size)
 
-    def attention(self, h, padding_mask, mla_mask, cache, cu_seqlens, rope=None) -> torch.Tensor:
+    def attention(
+        self,
+        h: torch.Tensor,
+        padding_mask: torch.Tensor | None,
+        mla_mask: torch.Tensor | None,
+        cache: KimiHybridCache | None,
+        cu_seqlens: torch.Tensor | None,
+        rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
         """`rope`: cos, sin of the tokens' positions, read by `"mla_rope"` layers only."""
         x = self.input_layernorm(h)
         if self.layer_type == "kda":
@@ -227,7 +235,14 @@ class KimiTextModel(KimiTextPreTrainedModel):
         )
 
     @staticmethod
-    def positions(position_ids, attention_mask, cu_seqlens, past: int, T: int, device) -> torch.Tensor:
+    def positions(
+        position_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+        cu_seqlens: torch.Tensor | None,
+        past: int,
+        T: int,
+        device: torch.device,
+    ) -> torch.Tensor:
         """Token positions `[B or 1, T]` for the rotary embedding (see `forward`)."""
         if position_ids is not None:
             if position_ids.shape[-1] != T:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -174,7 +175,7 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
 
 
 def collect_vision_weights(
-    keys, get, model_type: str, num_heads: int, src: Path
+    keys: Iterable[str], get: Callable[[str], torch.Tensor], model_type: str, num_heads: int, src: Path
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor], list[str]]:
     """Our MoonViT and projector state dicts from a source's tensors (`keys`, `get(key) -> tensor`), reading only
     the vision and projector tensors; also the keys under the vision / projector prefixes that map to nothing (the
@@ -216,7 +217,13 @@ def collect_vision_weights(
     return vision, projector, unknown
 
 
-def check_complete(build, config: MoonViTConfig, state: dict[str, torch.Tensor], src: Path, what: str) -> None:
+def check_complete(
+    build: Callable[[MoonViTConfig], torch.nn.Module],
+    config: MoonViTConfig,
+    state: dict[str, torch.Tensor],
+    src: Path,
+    what: str,
+) -> None:
     """Raise `CheckpointError` unless `state` has exactly the keys and shapes of `build(config)`."""
     with torch.device("meta"):
         expected = {k: v.shape for k, v in build(config).state_dict().items()}
