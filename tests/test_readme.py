@@ -1,12 +1,16 @@
-"""The README's processor example runs as printed (a tiny model stands in for a trained one)."""
+"""The README's examples run as printed (a tiny model stands in for a trained one; the slow quickstart test runs the
+notebook example on the quickstart's own model)."""
 
+import os
 import re
+from contextlib import redirect_stdout
+from io import StringIO
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from tests.test_export import tiny_model
+from tests.test_export import tiny_model, tiny_processor
 from tests.test_processing import write_video
 
 README = Path(__file__).resolve().parents[1] / "README.md"
@@ -33,3 +37,25 @@ def test_processor_example(tmp_path, monkeypatch):
     inputs = scope["inputs"]
     assert inputs["input_ids"].shape[0] == 2 and (inputs["attention_mask"][:, 0] == 0).any()  # padded at the start
     assert inputs["pixel_values"].shape[1:] == (3, 14, 14) and "pixel_values_videos" in inputs
+
+
+def notebook_reply(root: Path) -> str:
+    """What the README's notebook example prints, run in `root` (whose `runs/quickstart/model` it loads)."""
+    cwd, printed = Path.cwd(), StringIO()
+    try:
+        os.chdir(root)
+        with redirect_stdout(printed):
+            exec(python_block('from_pretrained("runs/quickstart/model")'), {})
+    finally:
+        os.chdir(cwd)
+    return printed.getvalue()
+
+
+def test_notebook_example(tmp_path):
+    proc = tiny_processor()
+    model_dir = tmp_path / "runs" / "quickstart" / "model"
+    tiny_model(proc).save_pretrained(model_dir)
+    proc.save_pretrained(model_dir)
+    reply = notebook_reply(tmp_path)
+    assert reply.endswith("\n") and reply.count("\n") == 1  # one reply, decoded without its special tokens
+    assert "<|" not in reply

@@ -9,6 +9,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 import kimi_vl  # noqa: F401
 from kimi_vl.cli import main
+from tests.test_readme import notebook_reply
 
 
 @pytest.mark.slow
@@ -249,4 +250,8 @@ def test_default_quickstart_meets_its_goals(tmp_path, monkeypatch):
         assert main(["quickstart", "--out", str(out)]) == 0
     figures = seeds.figures(Path(out))
     missed = {name: round(value(figures), 1) for name, value, threshold in seeds.GOALS if value(figures) < threshold}
+    (tmp_path / "runs" / "quickstart").mkdir(parents=True)
+    (tmp_path / "runs" / "quickstart" / "model").symlink_to(Path(out).resolve() / "model")
+    reply = notebook_reply(tmp_path)  # the README's notebook example, as printed there
+    assert "blue" in reply, f"the README's example got {reply!r}"
     assert not missed, f"goals missed (measured): {missed}"
