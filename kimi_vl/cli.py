@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from . import __version__
 from .errors import KimiVLError
 from .progress import interactive
 
@@ -148,6 +149,7 @@ def _quickstart(args: argparse.Namespace) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kimi-vl", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     convert = sub.add_parser("convert", help="import released Hugging Face checkpoints")
     kinds = convert.add_subparsers(dest="kind", required=True)

@@ -1,7 +1,10 @@
-"""The `kimi-vl` command documents itself: every option of every subcommand has a help text."""
+"""The `kimi-vl` command documents itself: every option of every subcommand has a help text, and `--version`."""
 
 import argparse
 
+import pytest
+
+import kimi_vl
 from kimi_vl.cli import build_parser
 
 
@@ -18,3 +21,9 @@ def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
 
 def test_every_option_has_help():
     assert undocumented(build_parser(), "kimi-vl") == []
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"kimi-vl {kimi_vl.__version__}\n"
