@@ -67,7 +67,7 @@ def _ablate(args: argparse.Namespace) -> None:
     from .eval.ablation import vision_rl_ablation
 
     vision_rl_ablation(args.from_dir, args.out, seeds=args.seeds, steps=args.steps, data_dir=args.data_dir,
-                       limit=args.limit)
+                       limit=args.limit, progress=args.progress)
     print((Path(args.out) / "ablation.md").read_text())
 
 
@@ -120,6 +120,11 @@ def _data_check(args: argparse.Namespace) -> int:
     return 1 if any(r.bad for r in reports) else 0
 
 
+def _add_progress_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
+                        help="show progress (a bar on a terminal, lines in a log)")
+
+
 def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
     from .data.formats import REWARD_CHOICES
 
@@ -134,8 +139,7 @@ def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--reward", choices=REWARD_CHOICES, default=None, help="RL reward of every prompt row")
     chk.add_argument("--tokenizer", default=None, help="a checkpoint or tokenizer folder: count tokens exactly "
                      "(default: an estimate)")
-    chk.add_argument("--progress", action=argparse.BooleanOptionalAction, default=True,
-                     help="show progress (a bar on a terminal, lines in a log)")
+    _add_progress_option(chk)
     chk.set_defaults(func=_data_check)
 
 
@@ -143,7 +147,7 @@ def _quickstart(args: argparse.Namespace) -> None:
     from .quickstart import quickstart
 
     report = quickstart(args.out, preset=args.preset, data_dir=args.data_dir, scale=args.scale,
-                        eval_limit=args.eval_limit, seed=args.seed)
+                        eval_limit=args.eval_limit, seed=args.seed, progress=args.progress)
     print(f"wrote {report}")
 
 
@@ -188,6 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
     qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")
     qs.add_argument("--seed", type=int, default=0, help="seed of every stage (default: 0)")
+    _add_progress_option(qs)
     qs.set_defaults(func=_quickstart)
     export = sub.add_parser("export", help="a saved Kimi-VL model directory -> a self-contained Hugging Face "
                             "remote-code copy (loads with trust_remote_code=True, without kimi_vl installed)")
@@ -220,6 +225,7 @@ def build_parser() -> argparse.ArgumentParser:
     vrl.add_argument("--limit", type=int, default=None, help="items per benchmark (default: all of a real benchmark; "
                      "of the proxies " + ", ".join(f"{n} {b}" for b, n in ABLATION_PROXY_ITEMS.items())
                      + ", whose first ones are the quickstart's pinned items)")
+    _add_progress_option(vrl)
     vrl.set_defaults(func=_ablate)
     from .demos.video2web import add_video2web_parser
 

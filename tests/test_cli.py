@@ -5,7 +5,7 @@ import argparse
 import pytest
 
 import kimi_vl
-from kimi_vl.cli import build_parser
+from kimi_vl.cli import build_parser, main
 
 
 def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
@@ -27,3 +27,22 @@ def test_version(capsys):
     with pytest.raises(SystemExit) as exit_:
         build_parser().parse_args(["--version"])
     assert exit_.value.code == 0 and capsys.readouterr().out == f"kimi-vl {kimi_vl.__version__}\n"
+
+
+@pytest.mark.parametrize("argv, target", [
+    (["quickstart", "--out", "q"], "kimi_vl.quickstart.quickstart"),
+    (["ablate", "vision-rl", "--from", "s", "--out", "a"], "kimi_vl.eval.ablation.vision_rl_ablation"),
+])
+def test_no_progress_reaches_the_pipeline(monkeypatch, tmp_path, argv, target):
+    calls = []
+
+    def record(*args, **kwargs):
+        calls.append(kwargs["progress"])
+        (tmp_path / "a").mkdir(exist_ok=True)
+        (tmp_path / "a" / "ablation.md").write_text("table")
+        return tmp_path / "q" / "REPORT.md"
+
+    monkeypatch.setattr(target, record)
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 0 and main([*argv, "--no-progress"]) == 0
+    assert calls == [True, False]

@@ -105,10 +105,10 @@ class Video2WebResult:
 
 # ----------------------------------------------------------------------------------------------------- model
 def load_model(
-    model_dir: str | Path, *, device: str | torch.device = "cpu", dtype: str = "float32"
+    model_dir: str | Path, *, device: str | torch.device | None = None, dtype: str = "float32"
 ) -> tuple[KimiVLForConditionalGeneration, KimiVLProcessor]:
     """Load `(model, processor)` from a saved Kimi-VL directory (`kimi_vl.eval.generation.Engine.from_pretrained`),
-    checking that it can read videos.
+    checking that it can read videos. `device`: default CUDA when available.
 
     Raises:
         CheckpointError: the directory or its config / weights / processor files are missing or unreadable.
@@ -126,7 +126,7 @@ def load_model(
         raise ConfigError(
             f"the model in {str(path)!r} (model_type {config.get('model_type')!r}) has no vision encoder, so it "
             "cannot read a video; use a Kimi-VL model (model_type 'kimi_vl', e.g. from `kimi-vl train pretrain`).")
-    engine = Engine.from_pretrained(path, device=str(device), dtype=dtype)
+    engine = Engine.from_pretrained(path, device=None if device is None else str(device), dtype=dtype)
     if getattr(engine.processor, "video_processor", None) is None:
         raise ConfigError(f"the processor in {str(path)!r} has no video processor; save a KimiVLProcessor built "
                           "with a MoonViTVideoProcessor.")
@@ -404,7 +404,7 @@ def run_video2web(
     do_sample: bool = False,
     temperature: float = 1.0,
     render: bool = False,
-    device: str = "cpu",
+    device: str | None = None,
     browser: str | None = None,
     timeout: float = 60.0,
     model: Any = None,
@@ -485,7 +485,7 @@ def add_video2web_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     )
     p.add_argument("video", help="video file (mp4, webm, ...) of the page")
     p.add_argument("--model", required=True, help="saved Kimi-VL model directory (with processor files)")
-    p.add_argument("-o", "--out-dir", required=True, help="output directory (site.html, reply.txt, ...)")
+    p.add_argument("-o", "--out", dest="out_dir", required=True, help="output directory (site.html, reply.txt, ...)")
     p.add_argument("--fps", type=_positive_float, default=None, help="frames per second to sample "
                    "(default: the model's video processor setting)")
     p.add_argument("--num-frames", type=_positive_int, default=None, help="sample this many frames instead")
@@ -495,7 +495,8 @@ def add_video2web_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
                    help="cap on vision tokens; long videos get fewer frames (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=512, help="generation length cap")
     p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
-    p.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1, ...)")
+    p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1, ...); default: cuda when "
+                   "available")
     p.add_argument("--render", action="store_true", help="render site.html with headless Chromium: render.png, "
                    "compare.png and score.json (visual similarity to the video)")
     p.add_argument("--browser", default=None, help="Chromium executable (default: $KIMI_VL_CHROMIUM or chromium)")

@@ -87,7 +87,7 @@ def test_end_to_end_truncated_output(model_dir, cast, tmp_path):
 
 def test_cli_with_render(model_dir, cast, tmp_path, chromium, capsys):
     _, video = cast
-    args = cli(["demo", "video2web", str(video), "--model", str(model_dir), "-o", str(tmp_path / "o"),
+    args = cli(["demo", "video2web", str(video), "--model", str(model_dir), "--out", str(tmp_path / "o"),
                 "--num-frames", "4", "--max-new-tokens", "8", "--render"])
     args.func(args)
     printed = capsys.readouterr().out
