@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from . import __version__
-from .errors import KimiVLError
+from .errors import KimiVLError, TrainingInterrupted
 from .progress import interactive
 
 
@@ -244,6 +244,13 @@ def main(argv: list[str] | None = None) -> int:
         transformers_logging.disable_progress_bar()
     try:
         return int(args.func(args) or 0)
+    except TrainingInterrupted as e:
+        print(f"kimi-vl: {e}", file=sys.stderr)
+        return 130  # the shell's code for a run ended by Ctrl-C
+    except KeyboardInterrupt:
+        print("kimi-vl: interrupted; rerun the same command to go on (training resumes from its last checkpoint, "
+              "evaluation from its cached responses)", file=sys.stderr)
+        return 130
     except KimiVLError as e:
         print(f"kimi-vl: error: {e}", file=sys.stderr)
         return 2

@@ -31,6 +31,11 @@ class TrainingDivergedError(KimiVLError, RuntimeError):
     """Training produced non-finite losses or gradients for too many steps in a row."""
 
 
+class TrainingInterrupted(KimiVLError):
+    """A run stopped on SIGINT or SIGTERM after writing a checkpoint (`kimi_vl.training.stop`); the message names
+    the step and says how to resume."""
+
+
 class DataUnavailableError(KimiVLError, OSError):
     """Benchmark data could not be loaded from the hub or from the given local directory; the message says
     which files are expected where."""

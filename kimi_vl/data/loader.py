@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -43,6 +44,9 @@ def _first(items: Any) -> Any:
 def _worker_init(_: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the Rust tokenizers' own threads and fork do not mix
     torch.set_num_threads(1)
+    # a terminal's Ctrl-C reaches every process of its group: the training process decides whether to stop
+    # (`kimi_vl.training.stop`) and shuts its workers down itself (with SIGTERM, which they must not ignore)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch: int = 2) -> Iterator[Any]:

@@ -13,7 +13,8 @@ processes), a non-finite guard (a step whose loss or gradient norm is NaN/Inf is
 in a row stop training with `TrainingDivergedError`), gradient clipping, the WSD learning rate, the optimizer step
 (MuonClip: update then QK-Clip) and its post-step hooks (the aux-loss-free router-bias update,
 `kimi_vl.training.router_balancing`), one JSONL metrics line, and periodic atomic checkpoints
-(`kimi_vl.training.checkpoint`) where the step allows them.
+(`kimi_vl.training.checkpoint`) where the step allows them. SIGINT (Ctrl-C) or SIGTERM (a scheduler) ends the run
+at the next step that allows a checkpoint, with one, by `TrainingInterrupted` (`kimi_vl.training.stop`).
 """
 
 from __future__ import annotations
@@ -33,11 +34,12 @@ from torch import nn
 
 from ..data.loader import batches
 from ..data.mixture import fingerprint_changes
-from ..errors import ConfigError, DataError, TrainingDivergedError
+from ..errors import ConfigError, DataError, TrainingDivergedError, TrainingInterrupted
 from ..progress import progress_bar
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
 from .router_balancing import RouterBalancing
+from .stop import StopOnSignal
 
 DATA_ERRORS = "data_errors.jsonl"
 
@@ -268,47 +270,55 @@ class Trainer:
         bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc,
                            enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
-        while self.step < cfg.steps:
-            t0 = time.perf_counter()
-            out = self.training_step.backward(self)
-            loss, tokens, bad = out.pop("loss"), out.pop("tokens"), out.pop("bad_records", [])
-            grad_norm = self._grad_norm()
-            finite = math.isfinite(loss) and math.isfinite(grad_norm)
-            lr = wsd_lr(self.step, cfg)
-            if finite:
-                self.nonfinite_in_a_row = 0
-                for group in self.optimizer.param_groups:
-                    group["lr"] = lr
-                self.optimizer.step()  # post-step hooks: the router-bias update
-                loads = self.balancing.last_loads
-            else:
-                self._discard_step()
-                loads = {}
-            self.optimizer.zero_grad(set_to_none=True)
-            self.tokens += tokens
-            self.step += 1
-            last = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
-                    "skipped": not finite, "skipped_total": self.skipped, "max_logits": self._max_logits(),
-                    "expert_load": loads, "step_time": time.perf_counter() - t0, **out}
-            if bad:
-                last["bad_records"] = dict(Counter(r["source"] for r in bad))
-                self._log_errors([{"step": self.step, **r} for r in bad])
-            if self.val_data is not None and (
-                    self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
-                last["val_loss"] = self.evaluate()
-            self._log(last)
-            rewards = {"reward": f"{last['reward_mean']:.3f}"} if "reward_mean" in last else {}  # RL steps
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows its step
-            bar.update(1)
-            if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
-                bar.close()
-                raise TrainingDivergedError(
-                    f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
-                    f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
-                    f"resume from the last checkpoint in {self.state_dir}.")
-            if (self.step % cfg.checkpoint_every == 0 and self.training_step.can_checkpoint(self.step)) or \
-                    self.step == cfg.steps:
-                self.save_state()
+        with StopOnSignal(announce=self.accelerator.is_main_process) as stop:
+            while self.step < cfg.steps:
+                t0 = time.perf_counter()
+                out = self.training_step.backward(self)
+                loss, tokens, bad = out.pop("loss"), out.pop("tokens"), out.pop("bad_records", [])
+                grad_norm = self._grad_norm()
+                finite = math.isfinite(loss) and math.isfinite(grad_norm)
+                lr = wsd_lr(self.step, cfg)
+                if finite:
+                    self.nonfinite_in_a_row = 0
+                    for group in self.optimizer.param_groups:
+                        group["lr"] = lr
+                    self.optimizer.step()  # post-step hooks: the router-bias update
+                    loads = self.balancing.last_loads
+                else:
+                    self._discard_step()
+                    loads = {}
+                self.optimizer.zero_grad(set_to_none=True)
+                self.tokens += tokens
+                self.step += 1
+                last = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
+                        "skipped": not finite, "skipped_total": self.skipped, "max_logits": self._max_logits(),
+                        "expert_load": loads, "step_time": time.perf_counter() - t0, **out}
+                if bad:
+                    last["bad_records"] = dict(Counter(r["source"] for r in bad))
+                    self._log_errors([{"step": self.step, **r} for r in bad])
+                if self.val_data is not None and (
+                        self.step == cfg.steps or (cfg.val_every and self.step % cfg.val_every == 0)):
+                    last["val_loss"] = self.evaluate()
+                self._log(last)
+                rewards = {"reward": f"{last['reward_mean']:.3f}"} if "reward_mean" in last else {}  # RL steps
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows it
+                bar.update(1)
+                if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
+                    bar.close()
+                    raise TrainingDivergedError(
+                        f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
+                        f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
+                        f"resume from the last checkpoint in {self.state_dir}.")
+                can_checkpoint = self.training_step.can_checkpoint(self.step)
+                stop_now = (self.step < cfg.steps and stop.requested_on_any_rank(self.accelerator.device)
+                            and can_checkpoint)
+                if (self.step % cfg.checkpoint_every == 0 and can_checkpoint) or self.step == cfg.steps or stop_now:
+                    self.save_state()
+                if stop_now:
+                    bar.close()
+                    raise TrainingInterrupted(
+                        f"{stop.received or 'a stop signal on another rank'}: stopped after step {self.step} of "
+                        f"{cfg.steps} with a checkpoint in {self.state_dir}; rerun the same command to resume there.")
         bar.close()
         return last
 

@@ -1,6 +1,6 @@
 """RL on the one training loop (`Trainer` + `RLStep`): two gloo processes equal one on the same global batch, SIGKILL
 and rerun reproduces the uninterrupted run exactly, bf16 autocast on CPU, off-policy updates, and the RL stage's
-checkpoints taken only at rollout-batch boundaries."""
+checkpoints taken only at rollout-batch boundaries (a stop signal's too)."""
 
 import json
 import os
@@ -13,7 +13,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from kimi_vl.errors import TrainingInterrupted
 from kimi_vl.training.presets import get_preset
+from kimi_vl.training.rl import RLStep
 from kimi_vl.training.stages import build_model, build_processor, load_checkpoint_dir, read_summary, rl
 from kimi_vl.training.trainer import read_metrics
 from tests.training.launch import run, torchrun
@@ -108,3 +110,22 @@ def test_off_policy_updates_bf16_autocast_and_checkpoint_boundaries(checkpoint, 
     summary = read_summary(out)
     assert summary["updates_per_batch"] == 2 and summary["steps"] == 3
     assert json.loads((out / "run_config.json").read_text())["train"]["precision"] == "bf16"
+
+
+def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_path, monkeypatch):
+    """SIGTERM in the first update of a rollout batch: the run stops after the batch's second update, where a resume
+    can start, and not in the middle of it."""
+    backward = RLStep.backward
+
+    def signalled(self, trainer):
+        if trainer.step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return backward(self, trainer)
+
+    monkeypatch.setattr(RLStep, "backward", signalled)
+    kwargs = dict(steps=4, updates_per_batch=2, checkpoint_every=100, prompts_per_family=1, k=2, max_new_tokens=4,
+                  progress=False)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 2 of 4"):
+        rl(checkpoint, tmp_path / "rl", **kwargs)
+    assert sorted(p.name for p in (tmp_path / "rl" / "state").iterdir()) == ["step_00000002"]
+    assert [m["step"] for m in read_metrics(tmp_path / "rl" / "metrics.jsonl")] == [1, 2]

@@ -1,12 +1,15 @@
-"""The trainer: WSD schedule, learning, exact resume, atomic checkpoints, the non-finite guard."""
+"""The trainer: WSD schedule, learning, exact resume, atomic checkpoints, the non-finite guard, stopping on SIGINT /
+SIGTERM."""
 
 import json
+import os
+import signal
 from dataclasses import dataclass
 
 import pytest
 import torch
 
-from kimi_vl.errors import CheckpointError, ConfigError, TrainingDivergedError
+from kimi_vl.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
 from kimi_vl.training.plots import plot_metrics
@@ -176,3 +179,52 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
     assert sorted(before) == [0, 1, 4]  # the optimizer never ran on a poisoned step
     assert metrics[-1]["skipped_total"] == 5
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+class SignalAt(CountingData):
+    """`CountingData` that sends this process `signals[i]` while building batch `i` (in the middle of a step)."""
+
+    def __init__(self, signals: dict[int, list[int]]) -> None:
+        super().__init__()
+        self.signals = signals
+
+    def batch(self, index: int) -> Batch:
+        for sig in self.signals.get(index, []):
+            os.kill(os.getpid(), sig)
+        return super().batch(index)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, sig):
+    """Ctrl-C or a scheduler's SIGTERM in step 3 (no periodic checkpoint before step 100): the step finishes, a
+    checkpoint of it is written, `TrainingInterrupted` says so, the signal handlers are restored, and the rerun
+    reproduces the uninterrupted curve."""
+    before = signal.getsignal(sig)
+    Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100), tmp_path / "full").train()
+    cut = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted, match=rf"{sig.name}: stopped after step 3 of 8 with a checkpoint in "):
+        Trainer(tiny_lm(), SignalAt({2: [sig]}), cfg(checkpoint_every=100), cut).train()
+    assert signal.getsignal(sig) is before
+    assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000003"]
+    assert [m["step"] for m in read_metrics(cut / "metrics.jsonl")] == [1, 2, 3]
+    Trainer(tiny_lm(seed=7), CountingData(), cfg(checkpoint_every=100), cut).train()
+    got, want = read_metrics(cut / "metrics.jsonl"), read_metrics(tmp_path / "full" / "metrics.jsonl")
+    assert [(m["step"], m["loss"], m["grad_norm"]) for m in got] == [(m["step"], m["loss"], m["grad_norm"])
+                                                                     for m in want]
+
+
+def test_a_second_ctrl_c_stops_at_once(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        Trainer(tiny_lm(), SignalAt({2: [signal.SIGINT, signal.SIGINT]}), cfg(checkpoint_every=100), tmp_path).train()
+    assert ckpt.list_checkpoints(tmp_path / "state") == []
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_a_callers_own_signal_handler_stays_in_charge(tmp_path):
+    got = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: got.append(signum))
+    try:
+        Trainer(tiny_lm(), SignalAt({2: [signal.SIGTERM]}), cfg(checkpoint_every=100), tmp_path).train()
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert got == [signal.SIGTERM] and read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == 8

@@ -1,9 +1,11 @@
 """Every stage on users' files through the command line: documents, chats and RL prompts in their schemas, settings
 from `--config` and options, bad records logged and counted, `--strict`, the data fingerprint on resume, SIGKILL
-at any point then rerun (the same loss curve, exactly), data-loader workers, and two gloo processes against one."""
+at any point then rerun (the same loss curve, exactly), Ctrl-C (a checkpoint, then the same curve on rerun),
+data-loader workers, and two gloo processes against one."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +22,7 @@ from kimi_vl.tokenization import build_tokenizer
 from kimi_vl.training.stages import load_checkpoint_dir, pretrain, read_summary
 from kimi_vl.training.trainer import read_metrics
 from tests.data.userdata import BAD, write_user_data
-from tests.training.launch import run, torchrun
+from tests.training.launch import free_port, run, torchrun
 
 ROOT = Path(__file__).resolve().parents[2]
 SMALL = ["--seq-len", "96", "--rows", "2", "--no-progress"]
@@ -151,6 +153,29 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
         assert torch.equal(x, y), name
 
 
+def test_ctrl_c_writes_a_checkpoint_and_the_rerun_goes_on_exactly(data, tmp_path):
+    """Ctrl-C on a terminal (SIGINT to the whole process group, data-loader worker included) after the first step:
+    the command finishes its step, writes a checkpoint, says so and exits with 130, no traceback; the rerun gives
+    the uninterrupted run's curve."""
+    root, p = data
+    args = ("--steps", "20", "--checkpoint-every", "100")
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    run(_command(reference, root, p, *args), _env())
+    proc = subprocess.Popen(_command(stopped, root, p, *args, "--num-workers", "1"), env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    metrics, deadline = stopped / "metrics.jsonl", time.time() + 300
+    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGINT)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr and "rerun the same command to resume there" in stderr
+    (step,) = [int(s) for s in re.findall(r"SIGINT: stopped after step (\d+) of 20", stderr)]
+    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 20
+    run(_command(stopped, root, p, *args, "--num-workers", "1"), _env())
+    assert _curve(stopped) == _curve(reference)
+
+
 def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
     documents and bad records at every step, the same losses up to float rounding."""
@@ -163,3 +188,54 @@ def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     for x, y in zip(a, b):
         assert x["documents"] == y["documents"] and x.get("bad_records") == y.get("bad_records")
         assert x["tokens"] == y["tokens"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _rank_pid(torchrun_pid: int, rank: int, deadline: float) -> int:
+    """The pid of the process `torchrun` started as rank `rank` (its environment says `RANK=rank`)."""
+    while time.time() < deadline:
+        for proc in Path("/proc").iterdir():
+            pid = int(proc.name) if proc.name.isdigit() else 0
+            ancestors = [pid]
+            while ancestors[-1] > 1:
+                ancestors.append(_parent(ancestors[-1]))
+            try:
+                if torchrun_pid in ancestors[1:] and f"RANK={rank}".encode() in (proc / "environ").read_bytes().split(
+                        b"\0"):
+                    return pid
+            except OSError:
+                continue
+        time.sleep(0.05)
+    raise AssertionError(f"no rank {rank} under pid {torchrun_pid}")
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' processes through /proc")
+def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(data, tmp_path):
+    """SIGTERM to rank 1 alone of two gloo processes: both ranks stop after the same step, with one checkpoint of
+    it, and the rerun under torchrun gives the uninterrupted two-process curve."""
+    root, p = data
+    args = ("--steps", "20", "--checkpoint-every", "100", "--grad-accum", "1")
+    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
+    torchrun(_command(reference, root, p, *args), _env())
+    command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+               str(free_port()), *_command(stopped, root, p, *args)[1:]]
+    proc = subprocess.Popen(command, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 300
+    rank1 = _rank_pid(proc.pid, 1, deadline)
+    metrics = stopped / "metrics.jsonl"
+    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.01)
+    os.kill(rank1, signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode != 0
+    (step,) = set(int(s) for s in re.findall(r"SIGTERM: stopped after step (\d+) of 20", stderr))
+    assert re.search(rf"a stop signal on another rank: stopped after step {step} of 20", stderr), stderr[-3000:]
+    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 20
+    torchrun(_command(stopped, root, p, *args), _env())
+    assert _curve(stopped) == _curve(reference)

@@ -1,0 +1,71 @@
+"""Stopping a training run cleanly on Ctrl-C or a scheduler's SIGTERM.
+
+Killed mid-step, a run loses every step since its last checkpoint (up to `checkpoint_every`; for the `small` preset
+1000 steps). While `StopOnSignal` is active, the first SIGINT or SIGTERM only asks the loop to stop: it finishes the
+step it is in, writes a checkpoint at the next step where one can be written (RL: a rollout batch's end) and raises
+`TrainingInterrupted`; rerunning the same command resumes there exactly. A second SIGINT interrupts at once
+(`KeyboardInterrupt`), as without it. In a distributed run every rank asks after every step whether any rank got a
+signal, so that all stop after the same step. Data-loader workers ignore SIGINT (`kimi_vl.data.loader`): a
+terminal's Ctrl-C reaches every process of its group, and the training process shuts its workers down itself. They
+do not ignore SIGTERM (that is how the loader ends them): a SIGTERM that reaches them too ends them, and a run that
+has them (`num_workers > 0`) with them, as a kill does; sent to the training process alone (`kill PID`, a batch
+script that traps the scheduler's signal and forwards it) it stops the run cleanly.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from types import FrameType, TracebackType
+from typing import Any
+
+import torch
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class StopOnSignal:
+    """A context manager: while active, SIGINT / SIGTERM set `received` (the signal's name) instead of killing the
+    process. Handlers are installed only from the main thread (Python delivers signals there) and only over the
+    default ones, so a caller's own handlers stay in charge; the previous handlers come back on exit."""
+
+    def __init__(self, announce: bool = True) -> None:
+        self.received: str | None = None
+        self.announce = announce
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> StopOnSignal:
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                current = signal.getsignal(sig)
+                if current in (signal.default_int_handler, signal.SIG_DFL):
+                    self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def requested_on_any_rank(self, device: torch.device | str = "cpu") -> bool:
+        """Whether a stop signal reached this process or, in a distributed run, any rank (a collective: every rank
+        asks after every step, so that all stop after the same one). `device`: where the process group's
+        tensors live (CUDA for NCCL)."""
+        requested = self.received is not None
+        dist = torch.distributed
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return requested
+        flag = torch.tensor([int(requested)], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if self.received is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.received = signal.Signals(signum).name
+        if self.announce:
+            print(f"\n{self.received}: stopping after this step with a checkpoint (press Ctrl-C again to stop at "
+                  "once, losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
+
