@@ -1,4 +1,5 @@
-"""The `kimi-vl` command documents itself: every option of every subcommand has a help text, and `--version`."""
+"""The `kimi-vl` command: every option of every subcommand has a help text, `--version`, `--no-progress` reaches
+the pipeline, and an interrupted command exits with 130 and a message, not a traceback."""
 
 import argparse
 
@@ -6,6 +7,7 @@ import pytest
 
 import kimi_vl
 from kimi_vl.cli import build_parser, main
+from kimi_vl.errors import TrainingInterrupted
 
 
 def undocumented(parser: argparse.ArgumentParser, path: str) -> list[str]:
@@ -46,3 +48,16 @@ def test_no_progress_reaches_the_pipeline(monkeypatch, tmp_path, argv, target):
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 0 and main([*argv, "--no-progress"]) == 0
     assert calls == [True, False]
+
+
+@pytest.mark.parametrize("raised, message", [
+    (KeyboardInterrupt(), "kimi-vl: interrupted; rerun the same command to go on"),
+    (TrainingInterrupted("SIGINT: stopped after step 3 of 8"), "kimi-vl: SIGINT: stopped after step 3 of 8"),
+])
+def test_an_interrupted_command_exits_130_without_a_traceback(monkeypatch, capsys, raised, message):
+    def interrupted(*args, **kwargs):
+        raise raised
+
+    monkeypatch.setattr("kimi_vl.quickstart.quickstart", interrupted)
+    assert main(["quickstart", "--out", "q"]) == 130
+    assert capsys.readouterr().err.startswith(message)
