@@ -43,6 +43,7 @@ from pathlib import Path
 
 from .convert import staged_directory
 from .errors import CheckpointError, KimiVLError
+from .model_card import model_card
 
 PACKAGE = "kimi_vl"
 
@@ -272,7 +273,9 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
 
     `model_dir` holds `config.json` (model_type `kimi_vl`) and the weights, usually also the processor and
     tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it but a training stage's records of its run
-    (`TRAINING_RECORDS`) is copied, then `add_remote_code` runs on the copy. `out_dir` may be `model_dir` itself (in
+    (`TRAINING_RECORDS`) is copied, a model card is written unless there is a `README.md` already
+    (`kimi_vl.model_card`: metadata, architecture, usage, the training summary), then `add_remote_code` runs on
+    the copy. `out_dir` may be `model_dir` itself (in
     place, nothing removed); otherwise it is written whole into a temporary sibling and renamed into place, so it
     never mixes two checkpoints' files (an old shard index beside new weights would load the old weights).
 
@@ -286,6 +289,7 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
     src, out = Path(model_dir), Path(out_dir)
     _check_model_dir(src)
     if out.exists() and out.resolve() == src.resolve():
+        _write_card(out, out.resolve().name)
         return add_remote_code(out)
     if out.resolve().is_relative_to(src.resolve()):
         raise CheckpointError(f"{out} lies inside the checkpoint {src}; export to a folder outside it.")
@@ -295,8 +299,14 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
 
     with staged_directory(out, overwrite) as tmp:
         shutil.copytree(src, tmp, ignore=records, dirs_exist_ok=True)
+        _write_card(tmp, out.resolve().name)
         add_remote_code(tmp)
     return out
+
+
+def _write_card(folder: Path, name: str) -> None:
+    if not (folder / "README.md").exists():  # a card of the user's own stays
+        (folder / "README.md").write_text(model_card(folder, name=name), encoding="utf-8")
 
 
 __all__ = [

@@ -5,6 +5,7 @@ import ast
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import sys
@@ -306,6 +307,7 @@ def test_export_leaves_out_training_records_and_never_mixes_checkpoints(checkpoi
     out = export_remote_code(stage, tmp_path / "published")
     names = {p.name for p in out.iterdir()}
     assert not names & TRAINING_RECORDS and {"README.md", "model.safetensors", f"{ENTRY_MODULE}.py"} <= names
+    assert (out / "README.md").read_text() == "model card"  # the checkpoint's own card stays
 
     stale = out / "model.safetensors.index.json"  # another checkpoint's shard index would shadow the weights
     stale.write_text("{}")
@@ -319,6 +321,30 @@ def test_export_leaves_out_training_records_and_never_mixes_checkpoints(checkpoi
     with pytest.raises(CheckpointError, match="inside the checkpoint"):
         export_remote_code(stage, stage / "published")
     assert export_remote_code(stage, stage) == stage and (stage / "state").is_dir()  # in place: nothing removed
+
+
+def test_export_writes_a_model_card_whose_code_runs(checkpoint, tmp_path, capsys):
+    """Without a card of its own, the published copy gets one: the Hub's metadata, the architecture with the weights
+    counted from the files, the training stage's summary (no local paths), and code that loads and prompts it."""
+    stage = tmp_path / "stage"
+    shutil.copytree(checkpoint["dir"], stage)
+    (stage / "training_summary.json").write_text(json.dumps(
+        {"stage": "sft", "preset": "tiny", "from": "/home/me/runs/pre", "steps": 5, "final_loss": 1.23456}))
+    out = export_remote_code(stage, tmp_path / "kimi-vl-tiny")
+    card = (out / "README.md").read_text()
+    head = card.split("---")[1]
+    assert "library_name: transformers" in head and "pipeline_tag: image-text-to-text" in head
+    model = checkpoint["model"]
+    weights = sum(t.numel() for t in model.state_dict().values())
+    assert card.splitlines()[card.splitlines().index("# kimi-vl-tiny") + 2].startswith(
+        f"A Kimi-style early-fusion vision-language model of {weights:,} weights")
+    assert "3 KDA + 1 MLA (NoPE)" in card and "| steps | 5 |" in card and "| final_loss | 1.235 |" in card
+    assert "/home/me" not in card
+    (code,) = re.findall(r"```python\n(.*?)```", card, re.S)
+    shutil.copy(checkpoint["png"], tmp_path / "photo.jpg")
+    code = code.replace('"ORG/NAME"', repr(str(out))).replace('"photo.jpg"', repr(str(tmp_path / "photo.jpg")))
+    exec(code, {})
+    assert capsys.readouterr().out.count("\n") == 1  # the reply
 
 
 # --- save / load round trip --------------------------------------------------------------------------------------------

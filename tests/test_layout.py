@@ -10,7 +10,7 @@ LEVELS = {
     "kernels": 1,
     "text": 2, "vision": 2, "tokenization": 2,
     "fusion": 3, "configuration": 3,
-    "modeling": 4, "processing": 4, "convert": 4, "export": 4,
+    "modeling": 4, "processing": 4, "convert": 4, "export": 4, "model_card": 4,
     "data": 5,
     "training": 6, "eval": 6, "demos": 6,
     "quickstart": 7, "cli": 7, "__init__": 7,
