@@ -85,10 +85,12 @@ def _training(summary: dict[str, Any]) -> str:
     return "\n".join(["| setting or figure | value |", "|---|---|", *rows])
 
 
-def model_card(model_dir: str | Path, *, name: str | None = None, repository: str = REPOSITORY_ID) -> str:
+def model_card(model_dir: str | Path, *, name: str | None = None, repository: str = REPOSITORY_ID,
+               evaluation: str | None = None) -> str:
     """The `README.md` text for the saved Kimi-VL checkpoint `model_dir` (`config.json`, weights, and the
     `training_summary.json` of the stage that trained it, when there is one). `name`: the card's title (default: the
-    folder's name); `repository`: the id the card's code loads from.
+    folder's name); `repository`: the id the card's code loads from; `evaluation`: a Markdown section of the model's
+    scores, placed after the training summary.
 
     Raises:
         CheckpointError: no `config.json` of model_type `kimi_vl`, or no safetensors weights.
@@ -114,6 +116,8 @@ def model_card(model_dir: str | Path, *, name: str | None = None, repository: st
         summary = json.loads(summary_file.read_text(encoding="utf-8"))
         sections.append(f"## Training\n\nThe last training stage's summary (`training_summary.json`):\n\n"
                         f"{_training(summary)}")
+    if evaluation:
+        sections.append(evaluation.strip())
     return "\n\n".join(sections) + "\n"
 
 

@@ -24,6 +24,7 @@ from typing import Any
 from .demos.similarity import gap_closed
 from .errors import ConfigError
 from .export import export_remote_code
+from .model_card import model_card
 from .progress import progress_bar
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft
@@ -132,10 +133,33 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
     return summary
 
 
-def export_final(out: Path, source: Path) -> Path:
+def export_final(out: Path, source: Path, seed: int) -> Path:
     """The final checkpoint, self-contained (remote code and `auto_map`), without its training records (resume
-    states, metrics, plots: `export_remote_code`), as `out/model`."""
-    return export_remote_code(source, out / "model", overwrite=True)
+    states, metrics, plots: `export_remote_code`), as `out/model`, with a model card that adds the evaluation."""
+    model = export_remote_code(source, out / "model", overwrite=True)
+    preset = (read_summary(source) or {}).get("preset")
+    evaluation = card_evaluation(_done(out / "eval" / "done.json") or {})
+    (model / "README.md").write_text(model_card(model, name=f"kimi-vl quickstart ({preset} preset, seed {seed})",
+                                                evaluation=evaluation), encoding="utf-8")
+    return model
+
+
+def card_evaluation(ev: dict[str, Any]) -> str:
+    """The model card's evaluation: each benchmark after RL (and on the fresh draw) beside chance and the best
+    constant answer; empty without an evaluation."""
+    if "rl" not in ev:
+        return ""
+    proxy = any(e.get("proxy") for e in ev["rl"].values())
+    fresh = "fresh" in ev
+    lines = ["## Evaluation" + (" (synthetic proxies of the benchmarks, held out from training)" if proxy else ""),
+             "", "| benchmark | score | " + ("fresh draw | " if fresh else "") + "chance | constant answer |",
+             "|---|---|" + ("---|" if fresh else "") + "---|---|"]
+    for name, entry in ev["rl"].items():
+        again = f"{_cell(ev['fresh'][name])} | " if fresh and name in ev["fresh"] else "- | " if fresh else ""
+        lines.append(f"| {name} | {_cell(entry)} | {again}{100 * entry['chance']:.1f}% | "
+                     f"{100 * entry['constant']:.1f}% ({entry['constant_answer']}) |")
+    return "\n".join(lines + ["", "Greedy generation with each benchmark's own answer extraction and scoring; the "
+                              "constant answer is the best single answer given to every item."])
 
 
 def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
@@ -185,7 +209,7 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
         elif stage == "demo":
             run_demo(out, out / "rl")
         else:
-            export_final(out, out / "rl")
+            export_final(out, out / "rl", seed)
             write_report(out, times)
             for line in letter_lookup_warnings(_done(out / "eval" / "done.json") or {}):
                 warnings.warn(line, UserWarning, stacklevel=2)

@@ -148,6 +148,27 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert "| after SFT | after RL | after RL, fresh draw |" in write_report(tmp_path, {}).read_text()
 
 
+def test_the_final_model_card_shows_the_evaluation(tmp_path):
+    """`model/README.md`: the export's card (architecture, code, the RL stage's summary) titled with the preset and
+    seed, plus each benchmark after RL and on the fresh draw beside chance and the constant answer."""
+    from kimi_vl.quickstart import export_final
+    from tests.test_export import tiny_model, tiny_processor
+
+    proc = tiny_processor()
+    tiny_model(proc).save_pretrained(tmp_path / "rl")
+    proc.save_pretrained(tmp_path / "rl")
+    (tmp_path / "rl" / "training_summary.json").write_text(json.dumps({"stage": "rl", "preset": "tiny", "steps": 20}))
+    (tmp_path / "eval").mkdir()
+    entry = {"proxy": True, "accuracy": 0.2, "correct": 20, "total": 100, "chance": 0.05, "constant": 0.13,
+             "constant_answer": "always (D)"}
+    (tmp_path / "eval" / "done.json").write_text(json.dumps(
+        {"rl": {"mathvista_synth": entry}, "fresh": {"mathvista_synth": {**entry, "accuracy": 0.18, "correct": 18}}}))
+    card = (export_final(tmp_path, tmp_path / "rl", 3) / "README.md").read_text()
+    assert "# kimi-vl quickstart (tiny preset, seed 3)" in card and "| stage | rl |" in card
+    assert "| mathvista_synth | 20.0% (20/100) | 18.0% (18/100) | 5.0% | 13.0% (always (D)) |" in card
+    assert card.index("## Training") < card.index("## Evaluation (synthetic proxies")
+
+
 @pytest.mark.parametrize("accuracy, proxy, warned", [(0.129, True, True), (0.24, True, True), (0.25, True, False),
                                                      (0.129, False, False)])
 def test_report_warns_when_the_text_proxy_sits_at_its_constant_answer(tmp_path, accuracy, proxy, warned):
