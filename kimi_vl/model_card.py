@@ -1,11 +1,12 @@
 """The model card (`README.md`) of a published Kimi-VL checkpoint: the Hub's metadata (library, pipeline, tags), what
-the model is (its architecture and parameter count, read from `config.json` and the weights' headers, nothing
+the model is (its architecture and weight count, read from `config.json` and the weights' headers, nothing
 loaded), how to load and prompt it, and how it was trained (the `training_summary.json` a training stage writes).
 `kimi-vl export` writes it unless the checkpoint has a `README.md` of its own."""
 
 from __future__ import annotations
 
 import json
+import math
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -32,11 +33,7 @@ def parameter_count(model_dir: str | Path) -> int:
     total = 0
     for file in files:
         with safe_open(str(file), framework="pt") as f:
-            for key in f.keys():
-                count = 1
-                for size in f.get_slice(key).get_shape():
-                    count *= size
-                total += count
+            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
     return total
 
 
@@ -44,11 +41,13 @@ def _architecture(config: dict[str, Any], parameters: int) -> str:
     text, vision = config["text_config"], config["vision_config"]
     layers = Counter(text.get("layer_types") or [])
     mixers = " + ".join(f"{n} {MIXERS.get(kind, kind)}" for kind, n in layers.items())
-    dense = text.get("first_k_dense") or 0
-    moe = (f"MoE feed-forward ({text['num_experts']} experts, {text['num_experts_per_tok']} active"
-           f"{', ' + str(text['num_shared_experts']) + ' shared' if text.get('num_shared_experts') else ''}"
-           f"{'' if not dense else '; layer 1 dense' if dense == 1 else f'; layers 1-{dense} dense'})"
-           ) if text.get("num_experts") else "dense feed-forward"
+    if text.get("num_experts"):
+        shared = f", {text['num_shared_experts']} shared" if text.get("num_shared_experts") else ""
+        dense = text.get("first_k_dense") or 0
+        first = "" if not dense else "; layer 1 dense" if dense == 1 else f"; layers 1-{dense} dense"
+        moe = f"MoE feed-forward ({text['num_experts']} experts, {text['num_experts_per_tok']} active{shared}{first})"
+    else:
+        moe = "dense feed-forward"
     residual = {"standard": "the standard residual", "attnres": "full Attention Residuals",
                 "block_attnres": "Block Attention Residuals"}.get(text.get("residual"), text.get("residual"))
     return (f"A Kimi-style early-fusion vision-language model of {parameters:,} weights: a MoonViT-3D "
