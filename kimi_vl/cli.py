@@ -144,11 +144,11 @@ def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _quickstart(args: argparse.Namespace) -> None:
-    from .quickstart import quickstart
+    from .quickstart import headline, quickstart
 
     report = quickstart(args.out, preset=args.preset, data_dir=args.data_dir, scale=args.scale,
                         eval_limit=args.eval_limit, seed=args.seed, progress=args.progress)
-    print(f"wrote {report}")
+    print("\n".join(headline(report.parent)))
 
 
 def build_parser() -> argparse.ArgumentParser:

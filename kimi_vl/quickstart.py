@@ -218,6 +218,23 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     return out / "REPORT.md"
 
 
+def headline(out: Path) -> list[str]:
+    """The run's result in a few lines, for the end of the command: where the model is, each benchmark after RL
+    beside chance and the constant answer, the demo's share of the blank-to-true gap, the wall time."""
+    ev, demo = _done(out / "eval" / "done.json") or {}, _done(out / "demo" / "done.json") or {}
+    times = _done(out / "stage_times.json") or {}
+    lines = [f"model: {out / 'model'} (with its card, README.md); report: {out / 'REPORT.md'}"]
+    for name, e in ev.get("rl", {}).items():
+        lines.append(f"{name} after RL: {100 * e['accuracy']:.1f}% (chance {100 * e['chance']:.1f}%, constant answer "
+                     f"{100 * e['constant']:.1f}%)")
+    if demo.get("rendered"):
+        gap = gap_closed(demo["score"], demo["blank_page_score"], demo["true_page_score"])
+        lines.append(f"video to website: the page closes {100 * gap:.0f}% of the gap from a blank page to the true one")
+    if times:
+        lines.append(f"wall time: {sum(times.values()) / 60:.1f} min")
+    return lines
+
+
 LOOKUP_MARGIN = 0.10
 """An MMLU-Pro proxy score after RL less than this above its constant answer means the option-letter lookup was
 not learned (runs that learned it score 69-84%; one that did not, 12.9% against a 14.3% constant answer)."""

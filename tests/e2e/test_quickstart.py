@@ -276,3 +276,21 @@ def test_default_quickstart_meets_its_goals(tmp_path, monkeypatch):
     reply = notebook_reply(tmp_path)  # the README's notebook example, as printed there
     assert "blue" in reply, f"the README's example got {reply!r}"
     assert not missed, f"goals missed (measured): {missed}"
+
+
+def test_the_command_ends_with_the_runs_headline(tmp_path, monkeypatch, capsys):
+    out = tmp_path / "qs"
+    (out / "eval").mkdir(parents=True)
+    (out / "demo").mkdir()
+    (out / "eval" / "done.json").write_text(json.dumps({"rl": {"mmlu_pro_synth": {
+        "accuracy": 0.829, "chance": 0.1, "constant": 0.143}}}))
+    (out / "demo" / "done.json").write_text(json.dumps({"rendered": True, "score": 0.6, "blank_page_score": 0.5,
+                                                        "true_page_score": 0.9}))
+    (out / "stage_times.json").write_text(json.dumps({"pretrain": 600.0, "sft": 60.0}))
+    monkeypatch.setattr("kimi_vl.quickstart.quickstart", lambda *a, **k: out / "REPORT.md")
+    assert main(["quickstart", "--out", str(out)]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        f"model: {out / 'model'} (with its card, README.md); report: {out / 'REPORT.md'}",
+        "mmlu_pro_synth after RL: 82.9% (chance 10.0%, constant answer 14.3%)",
+        "video to website: the page closes 25% of the gap from a blank page to the true one",
+        "wall time: 11.0 min"]
