@@ -158,7 +158,7 @@ def test_ctrl_c_writes_a_checkpoint_and_the_rerun_goes_on_exactly(data, tmp_path
     the command finishes its step, writes a checkpoint, says so and exits with 130, no traceback; the rerun gives
     the uninterrupted run's curve."""
     root, p = data
-    args = ("--steps", "20", "--checkpoint-every", "100")
+    args = ("--steps", "10", "--checkpoint-every", "100")
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
     run(_command(reference, root, p, *args), _env())
     proc = subprocess.Popen(_command(stopped, root, p, *args, "--num-workers", "1"), env=_env(), text=True,
@@ -170,8 +170,8 @@ def test_ctrl_c_writes_a_checkpoint_and_the_rerun_goes_on_exactly(data, tmp_path
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode == 130, stderr
     assert "Traceback" not in stderr and "rerun the same command to resume there" in stderr
-    (step,) = [int(s) for s in re.findall(r"SIGINT: stopped after step (\d+) of 20", stderr)]
-    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 20
+    (step,) = [int(s) for s in re.findall(r"SIGINT: stopped after step (\d+) of 10", stderr)]
+    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 10
     run(_command(stopped, root, p, *args, "--num-workers", "1"), _env())
     assert _curve(stopped) == _curve(reference)
 
@@ -220,7 +220,7 @@ def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(data, tmp_p
     """SIGTERM to rank 1 alone of two gloo processes: both ranks stop after the same step, with one checkpoint of
     it, and the rerun under torchrun gives the uninterrupted two-process curve."""
     root, p = data
-    args = ("--steps", "20", "--checkpoint-every", "100", "--grad-accum", "1")
+    args = ("--steps", "10", "--checkpoint-every", "100", "--grad-accum", "1")
     reference, stopped = tmp_path / "reference", tmp_path / "stopped"
     torchrun(_command(reference, root, p, *args), _env())
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -234,8 +234,8 @@ def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(data, tmp_p
     os.kill(rank1, signal.SIGTERM)
     _, stderr = proc.communicate(timeout=300)
     assert proc.returncode != 0
-    (step,) = set(int(s) for s in re.findall(r"SIGTERM: stopped after step (\d+) of 20", stderr))
-    assert re.search(rf"a stop signal on another rank: stopped after step {step} of 20", stderr), stderr[-3000:]
-    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 20
+    (step,) = set(int(s) for s in re.findall(r"SIGTERM: stopped after step (\d+) of 10", stderr))
+    assert re.search(rf"a stop signal on another rank: stopped after step {step} of 10", stderr), stderr[-3000:]
+    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 10
     torchrun(_command(stopped, root, p, *args), _env())
     assert _curve(stopped) == _curve(reference)
