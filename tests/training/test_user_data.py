@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -125,16 +126,30 @@ def _curve(out: Path) -> list[tuple]:
             for m in read_metrics(out / "metrics.jsonl")]
 
 
-def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
-    """Killed with SIGKILL twice (during its set-up, then just after its step-2 checkpoint), the same command rerun
-    gives the uninterrupted run's metrics, bad-record log and weights exactly; the killed run builds its batches in a
-    data-loader worker, the reference in the training process."""
+TEN = ("--steps", "10")
+
+
+def _interrupt_at(proc: subprocess.Popen, out: Path, lines: int, send: Any) -> None:
+    """`send()` once `out/metrics.jsonl` has `lines` steps (or the process has ended)."""
+    metrics, deadline = out / "metrics.jsonl", time.time() + 300
+    while time.time() < deadline and proc.poll() is None and (
+            not metrics.exists() or len(metrics.read_text().splitlines()) < lines):
+        time.sleep(0.01)
+    send()
+
+
+def test_kills_and_ctrl_c_then_rerun_reproduce_the_uninterrupted_curve(data, tmp_path):
+    """Killed with SIGKILL twice (during its set-up, then just after its step-2 checkpoint), then stopped with Ctrl-C
+    (SIGINT to the whole process group, data-loader worker included: the step finishes, a checkpoint of it is
+    written, the command says so and exits with 130, no traceback), the same command rerun gives the uninterrupted
+    run's metrics, bad-record log and weights exactly; the interrupted runs build their batches in a data-loader
+    worker, the reference in the training process."""
     root, p = data
     reference = tmp_path / "reference"
-    run(_command(reference, root, p), _env())
+    run(_command(reference, root, p, *TEN), _env())
     killed = tmp_path / "killed"
     for marker in ("run_config.json", "state/step_00000002"):  # kill during set-up, then inside step 3
-        proc = subprocess.Popen(_command(killed, root, p, "--num-workers", "1"), env=_env(),
+        proc = subprocess.Popen(_command(killed, root, p, *TEN, "--num-workers", "1"), env=_env(),
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.time() + 300
         while not (killed / marker).exists() and time.time() < deadline and proc.poll() is None:
@@ -142,7 +157,15 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     assert not (killed / "training_summary.json").exists()
-    run(_command(killed, root, p, "--num-workers", "1"), _env())
+    proc = subprocess.Popen(_command(killed, root, p, *TEN, "--num-workers", "1"), env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    _interrupt_at(proc, killed, 3, lambda: os.killpg(proc.pid, signal.SIGINT))
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 130 and "Traceback" not in stderr, stderr
+    (step,) = [int(s) for s in re.findall(r"kimi-vl: SIGINT: stopped after step (\d+) of 10 with a checkpoint in "
+                                          r".*; rerun the same command to resume there", stderr)]
+    assert (killed / "state" / f"step_{step:08d}").is_dir() and step < 10
+    run(_command(killed, root, p, *TEN, "--num-workers", "1"), _env())
     assert _curve(killed) == _curve(reference)
     errors = [(killed / "data_errors.jsonl"), (reference / "data_errors.jsonl")]
     assert [e.read_text() if e.exists() else "" for e in errors][0] == [e.read_text() if e.exists() else ""
@@ -151,43 +174,6 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_curve(data, tmp_path):
     b, _ = load_checkpoint_dir(reference)
     for (name, x), y in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(x, y), name
-
-
-def test_ctrl_c_writes_a_checkpoint_and_the_rerun_goes_on_exactly(data, tmp_path):
-    """Ctrl-C on a terminal (SIGINT to the whole process group, data-loader worker included) after the first step:
-    the command finishes its step, writes a checkpoint, says so and exits with 130, no traceback; the rerun gives
-    the uninterrupted run's curve."""
-    root, p = data
-    args = ("--steps", "10", "--checkpoint-every", "100")
-    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    run(_command(reference, root, p, *args), _env())
-    proc = subprocess.Popen(_command(stopped, root, p, *args, "--num-workers", "1"), env=_env(), text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    metrics, deadline = stopped / "metrics.jsonl", time.time() + 300
-    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    os.killpg(proc.pid, signal.SIGINT)
-    _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode == 130, stderr
-    assert "Traceback" not in stderr and "rerun the same command to resume there" in stderr
-    (step,) = [int(s) for s in re.findall(r"SIGINT: stopped after step (\d+) of 10", stderr)]
-    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 10
-    run(_command(stopped, root, p, *args, "--num-workers", "1"), _env())
-    assert _curve(stopped) == _curve(reference)
-
-
-def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
-    """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
-    documents and bad records at every step, the same losses up to float rounding."""
-    root, p = data
-    one, two = tmp_path / "one", tmp_path / "two"
-    run(_command(one, root, p, "--steps", "3", "--grad-accum", "2"), _env())
-    torchrun(_command(two, root, p, "--steps", "3", "--grad-accum", "1"), _env())
-    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
-    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3]
-    for x, y in zip(a, b):
-        assert x["documents"] == y["documents"] and x.get("bad_records") == y.get("bad_records")
-        assert x["tokens"] == y["tokens"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
 
 
 def _parent(pid: int) -> int:
@@ -215,27 +201,27 @@ def _rank_pid(torchrun_pid: int, rank: int, deadline: float) -> int:
     raise AssertionError(f"no rank {rank} under pid {torchrun_pid}")
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks' processes through /proc")
-def test_a_stop_signal_on_one_rank_stops_every_rank_at_the_same_step(data, tmp_path):
-    """SIGTERM to rank 1 alone of two gloo processes: both ranks stop after the same step, with one checkpoint of
-    it, and the rerun under torchrun gives the uninterrupted two-process curve."""
+def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
+    """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
+    documents and bad records at every step, the same losses up to float rounding; the two-process run is stopped
+    on the way by a SIGTERM to rank 1 alone (both ranks stop after the same step, with one checkpoint of it) and
+    rerun."""
     root, p = data
-    args = ("--steps", "10", "--checkpoint-every", "100", "--grad-accum", "1")
-    reference, stopped = tmp_path / "reference", tmp_path / "stopped"
-    torchrun(_command(reference, root, p, *args), _env())
+    one, two = tmp_path / "one", tmp_path / "two"
+    steps = ("--steps", "6")
+    run(_command(one, root, p, *steps, "--grad-accum", "2"), _env())
     command = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
-               str(free_port()), *_command(stopped, root, p, *args)[1:]]
+               str(free_port()), *_command(two, root, p, *steps, "--grad-accum", "1", "--checkpoint-every", "100")[1:]]
     proc = subprocess.Popen(command, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 300
-    rank1 = _rank_pid(proc.pid, 1, deadline)
-    metrics = stopped / "metrics.jsonl"
-    while not (metrics.exists() and metrics.read_text()) and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.01)
-    os.kill(rank1, signal.SIGTERM)
+    rank1 = _rank_pid(proc.pid, 1, time.time() + 300)
+    _interrupt_at(proc, two, 1, lambda: os.kill(rank1, signal.SIGTERM))
     _, stderr = proc.communicate(timeout=300)
-    assert proc.returncode != 0
-    (step,) = set(int(s) for s in re.findall(r"SIGTERM: stopped after step (\d+) of 10", stderr))
-    assert re.search(rf"a stop signal on another rank: stopped after step {step} of 10", stderr), stderr[-3000:]
-    assert [c.name for c in (stopped / "state").iterdir()] == [f"step_{step:08d}"] and step < 10
-    torchrun(_command(stopped, root, p, *args), _env())
-    assert _curve(stopped) == _curve(reference)
+    (step,) = {int(s) for s in re.findall(r"SIGTERM: stopped after step (\d+) of 6", stderr)}
+    assert re.search(rf"a stop signal on another rank: stopped after step {step} of 6", stderr), stderr[-3000:]
+    assert proc.returncode != 0 and [c.name for c in (two / "state").iterdir()] == [f"step_{step:08d}"]
+    torchrun(_command(two, root, p, *steps, "--grad-accum", "1", "--checkpoint-every", "100"), _env())
+    a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
+    assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
+    for x, y in zip(a, b):
+        assert x["documents"] == y["documents"] and x.get("bad_records") == y.get("bad_records")
+        assert x["tokens"] == y["tokens"] and x["loss"] == pytest.approx(y["loss"], rel=1e-5)
