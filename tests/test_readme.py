@@ -59,3 +59,11 @@ def test_notebook_example(tmp_path):
     reply = notebook_reply(tmp_path)
     assert reply.endswith("\n") and reply.count("\n") == 1  # one reply, decoded without its special tokens
     assert "<|" not in reply
+
+
+def test_text_backbone_example(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    scope = {}
+    exec(python_block("vocab_size=32000, hidden_size=256"), scope)
+    assert scope["out"].shape[0] == 2 and 100 < scope["out"].shape[1] <= 120 and scope["loss"].item() > 0
+    assert (tmp_path / "my-model" / "config.json").is_file()
