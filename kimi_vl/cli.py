@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except TrainingInterrupted as e:
         print(f"kimi-vl: {e}", file=sys.stderr)
-        return 130  # the shell's code for a run ended by Ctrl-C
+        return e.exit_status
     except KeyboardInterrupt:
         print("kimi-vl: interrupted; rerun the same command to go on (training resumes from its last checkpoint, "
               "evaluation from its cached responses)", file=sys.stderr)

@@ -32,8 +32,14 @@ class TrainingDivergedError(KimiVLError, RuntimeError):
 
 
 class TrainingInterrupted(KimiVLError):
-    """A run stopped on SIGINT or SIGTERM after writing a checkpoint (`kimi_vl.training.stop`); the message names
-    the step and says how to resume."""
+    """A run stopped on SIGINT or SIGTERM, or at its time limit, after writing a checkpoint
+    (`kimi_vl.training.stop`); the message names the step and says how to resume. `exit_status`: what `kimi-vl`
+    exits with (128 + the signal's number, as a process the signal ended: 130 for SIGINT, 143 for SIGTERM; 124, as
+    `timeout` does, for the time limit)."""
+
+    def __init__(self, message: str, exit_status: int = 130) -> None:
+        super().__init__(message)
+        self.exit_status = exit_status
 
 
 class DataUnavailableError(KimiVLError, OSError):

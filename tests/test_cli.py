@@ -1,5 +1,5 @@
 """The `kimi-vl` command: every option of every subcommand has a help text, `--version`, `--no-progress` reaches
-the pipeline, and an interrupted command exits with 130 and a message, not a traceback."""
+the pipeline, and an interrupted command exits with its status and a message, not a traceback."""
 
 import argparse
 
@@ -50,14 +50,16 @@ def test_no_progress_reaches_the_pipeline(monkeypatch, tmp_path, argv, target):
     assert calls == [True, False]
 
 
-@pytest.mark.parametrize("raised, message", [
-    (KeyboardInterrupt(), "kimi-vl: interrupted; rerun the same command to go on"),
-    (TrainingInterrupted("SIGINT: stopped after step 3 of 8"), "kimi-vl: SIGINT: stopped after step 3 of 8"),
+@pytest.mark.parametrize("raised, status, message", [
+    (KeyboardInterrupt(), 130, "kimi-vl: interrupted; rerun the same command to go on"),
+    (TrainingInterrupted("SIGTERM: stopped after step 3 of 8", 143), 143, "kimi-vl: SIGTERM: stopped after step 3"),
+    (TrainingInterrupted("time limit of 5 min: stopped", 124), 124, "kimi-vl: time limit of 5 min: stopped"),
 ])
-def test_an_interrupted_command_exits_130_without_a_traceback(monkeypatch, capsys, raised, message):
+def test_an_interrupted_command_exits_with_its_status_without_a_traceback(monkeypatch, capsys, raised, status,
+                                                                          message):
     def interrupted(*args, **kwargs):
         raise raised
 
     monkeypatch.setattr("kimi_vl.quickstart.quickstart", interrupted)
-    assert main(["quickstart", "--out", "q"]) == 130
+    assert main(["quickstart", "--out", "q"]) == status
     assert capsys.readouterr().err.startswith(message)

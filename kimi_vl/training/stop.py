@@ -32,6 +32,7 @@ class StopOnSignal:
 
     def __init__(self, announce: bool = True) -> None:
         self.received: str | None = None
+        self.signum = 0
         self.announce = announce
         self._previous: dict[int, Any] = {}
 
@@ -49,23 +50,21 @@ class StopOnSignal:
             signal.signal(sig, handler)
         self._previous.clear()
 
-    def requested_on_any_rank(self, device: torch.device | str = "cpu") -> bool:
-        """Whether a stop signal reached this process or, in a distributed run, any rank (a collective: every rank
-        asks after every step, so that all stop after the same one). `device`: where the process group's
-        tensors live (CUDA for NCCL)."""
-        requested = self.received is not None
-        dist = torch.distributed
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-            return requested
-        flag = torch.tensor([int(requested)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
-        self.received = signal.Signals(signum).name
+        self.received, self.signum = signal.Signals(signum).name, signum
         if self.announce:
             print(f"\n{self.received}: stopping after this step with a checkpoint (press Ctrl-C again to stop at "
                   "once, losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
 
+
+def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
+    """`flag` of this process or, in a distributed run, of any rank (a collective: every rank asks after every step,
+    so that all stop after the same one). `device`: where the process group's tensors live (CUDA for NCCL)."""
+    dist = torch.distributed
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return flag
+    value = torch.tensor([int(flag)], device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())

@@ -13,8 +13,9 @@ processes), a non-finite guard (a step whose loss or gradient norm is NaN/Inf is
 in a row stop training with `TrainingDivergedError`), gradient clipping, the WSD learning rate, the optimizer step
 (MuonClip: update then QK-Clip) and its post-step hooks (the aux-loss-free router-bias update,
 `kimi_vl.training.router_balancing`), one JSONL metrics line, and periodic atomic checkpoints
-(`kimi_vl.training.checkpoint`) where the step allows them. SIGINT (Ctrl-C) or SIGTERM (a scheduler) ends the run
-at the next step that allows a checkpoint, with one, by `TrainingInterrupted` (`kimi_vl.training.stop`).
+(`kimi_vl.training.checkpoint`) where the step allows them. SIGINT (Ctrl-C) or SIGTERM (a scheduler), or
+`max_minutes` passed, ends the run at the next step that allows a checkpoint, with one, by `TrainingInterrupted`
+(`kimi_vl.training.stop`).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from ..progress import progress_bar
 from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
 from .router_balancing import RouterBalancing
-from .stop import StopOnSignal
+from .stop import StopOnSignal, any_rank
 
 DATA_ERRORS = "data_errors.jsonl"
 
@@ -84,6 +85,8 @@ class TrainConfig:
             validation losses stay token means).
         precision: auto (bf16 autocast on CUDA, fp32 on CPU), no (fp32) or bf16.
         progress: show progress (a bar on a terminal or in a notebook, a line every 30 s in a log).
+        max_minutes: stop with a checkpoint once this many minutes of training have passed in this process (a
+            cluster job's time limit; none: no limit); rerunning the command resumes there and counts afresh.
     """
 
     steps: int = 1000
@@ -106,6 +109,7 @@ class TrainConfig:
                                                                "choices": ("token", "document")})
     precision: str = "auto"
     progress: bool = True
+    max_minutes: float | None = None
 
     def __post_init__(self) -> None:
         if self.steps < 1 or self.grad_accum < 1:
@@ -120,6 +124,8 @@ class TrainConfig:
             raise ConfigError(f"precision must be 'auto', 'no' or 'bf16', got {self.precision!r}.")
         if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
             raise ConfigError("checkpoint_every and keep_checkpoints must be >= 1.")
+        if self.max_minutes is not None and not self.max_minutes > 0:
+            raise ConfigError(f"max_minutes must be a positive number of minutes (or none), got {self.max_minutes}.")
 
 
 def wsd_lr(step: int, cfg: TrainConfig) -> float:
@@ -270,6 +276,7 @@ class Trainer:
         bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc,
                            enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
+        started = time.monotonic()
         with StopOnSignal(announce=self.accelerator.is_main_process) as stop:
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
@@ -310,17 +317,27 @@ class Trainer:
                         f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
                         f"resume from the last checkpoint in {self.state_dir}.")
                 can_checkpoint = self.training_step.can_checkpoint(self.step)
-                stop_now = (self.step < cfg.steps and stop.requested_on_any_rank(self.accelerator.device)
-                            and can_checkpoint)
+                time_up = cfg.max_minutes is not None and time.monotonic() - started >= 60 * cfg.max_minutes
+                stop_now = (self.step < cfg.steps and any_rank(stop.received is not None or time_up,
+                                                               self.accelerator.device) and can_checkpoint)
                 if (self.step % cfg.checkpoint_every == 0 and can_checkpoint) or self.step == cfg.steps or stop_now:
                     self.save_state()
                 if stop_now:
                     bar.close()
-                    raise TrainingInterrupted(
-                        f"{stop.received or 'a stop signal on another rank'}: stopped after step {self.step} of "
-                        f"{cfg.steps} with a checkpoint in {self.state_dir}; rerun the same command to resume there.")
+                    raise self._interrupted(stop, time_up)
         bar.close()
         return last
+
+    def _interrupted(self, stop: StopOnSignal, time_up: bool) -> TrainingInterrupted:
+        if stop.received:
+            reason, status = stop.received, 128 + stop.signum
+        elif time_up:
+            reason, status = f"time limit of {self.cfg.max_minutes:g} min", 124
+        else:
+            reason, status = "a stop signal or time limit on another rank", 130
+        return TrainingInterrupted(
+            f"{reason}: stopped after step {self.step} of {self.cfg.steps} with a checkpoint in {self.state_dir}; "
+            "rerun the same command to resume there.", exit_status=status)
 
     def _grad_norm(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]

@@ -202,8 +202,9 @@ def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, s
     before = signal.getsignal(sig)
     Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100), tmp_path / "full").train()
     cut = tmp_path / "cut"
-    with pytest.raises(TrainingInterrupted, match=rf"{sig.name}: stopped after step 3 of 8 with a checkpoint in "):
+    with pytest.raises(TrainingInterrupted, match=rf"{sig.name}: stopped after step 3 of 8 with a checkpoint in ") as e:
         Trainer(tiny_lm(), SignalAt({2: [sig]}), cfg(checkpoint_every=100), cut).train()
+    assert e.value.exit_status == 128 + sig  # as a process the signal ended: 130, 143
     assert signal.getsignal(sig) is before
     assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000003"]
     assert [m["step"] for m in read_metrics(cut / "metrics.jsonl")] == [1, 2, 3]
@@ -228,3 +229,19 @@ def test_a_callers_own_signal_handler_stays_in_charge(tmp_path):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert got == [signal.SIGTERM] and read_metrics(tmp_path / "metrics.jsonl")[-1]["step"] == 8
+
+
+def test_a_time_limit_ends_the_run_with_a_checkpoint(tmp_path):
+    """`max_minutes` passed (here at once): the run stops after its first step with a checkpoint, exit status 124 as
+    `timeout`'s; the rerun, without the limit, goes on to the uninterrupted curve."""
+    with pytest.raises(ConfigError, match="max_minutes must be a positive number"):
+        cfg(max_minutes=0)
+    Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100), tmp_path / "full").train()
+    cut = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted, match="time limit of 1e-06 min: stopped after step 1 of 8") as e:
+        Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100, max_minutes=1e-6), cut).train()
+    assert e.value.exit_status == 124
+    assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000001"]
+    Trainer(tiny_lm(seed=7), CountingData(), cfg(checkpoint_every=100), cut).train()
+    got, want = read_metrics(cut / "metrics.jsonl"), read_metrics(tmp_path / "full" / "metrics.jsonl")
+    assert [(m["step"], m["loss"]) for m in got] == [(m["step"], m["loss"]) for m in want]
