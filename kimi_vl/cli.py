@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 from . import __version__
 from .errors import KimiVLError, TrainingInterrupted
@@ -234,6 +237,23 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
+    """`warnings.showwarning` that prints kimi-vl's own warnings as one line, `kimi-vl: warning: ...`, like its errors
+    (not with the source line Python shows), and passes other libraries' warnings to `show`."""
+
+    def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+                    file: TextIO | None = None, line: str | None = None) -> None:
+        if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
+            print(f"kimi-vl: warning: {message}", file=sys.stderr if file is None else file)
+        else:
+            show(message, category, filename, lineno, file, line)
+
+    return showwarning
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
@@ -243,7 +263,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "progress", True) or not interactive():
         transformers_logging.disable_progress_bar()
     try:
-        return int(args.func(args) or 0)
+        with warnings.catch_warnings():
+            warnings.showwarning = _one_line_warnings(warnings.showwarning)
+            return int(args.func(args) or 0)
     except TrainingInterrupted as e:
         print(f"kimi-vl: {e}", file=sys.stderr)
         return e.exit_status

@@ -1,5 +1,6 @@
 """The `kimi-vl` command: every option of every subcommand has a help text, `--version`, `--no-progress` reaches
-the pipeline, and an interrupted command exits with its status and a message, not a traceback."""
+the pipeline, an interrupted command exits with its status and a message, not a traceback, and kimi-vl's warnings
+print as one line."""
 
 import argparse
 
@@ -63,3 +64,14 @@ def test_an_interrupted_command_exits_with_its_status_without_a_traceback(monkey
     monkeypatch.setattr("kimi_vl.quickstart.quickstart", interrupted)
     assert main(["quickstart", "--out", "q"]) == status
     assert capsys.readouterr().err.startswith(message)
+
+
+def test_kimi_vls_warnings_print_as_one_line(monkeypatch, capsys, tmp_path):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["train", "sft", "--from", str(tmp_path / "missing"), "--out", str(tmp_path / "o"),
+                 "--preset", "small"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err[0].startswith("kimi-vl: warning: preset 'small' is a GPU recipe")
+    assert err[1].startswith("kimi-vl: error: ")
