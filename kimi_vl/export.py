@@ -268,16 +268,17 @@ TRAINING_RECORDS = frozenset({"state", "metrics.jsonl", "data_errors.jsonl", "pl
 loss curve, skipped records, plots); `export_remote_code` leaves them out of the published copy."""
 
 
-def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False) -> Path:
+def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite: bool = False,
+                       card: str | None = None) -> Path:
     """Write a self-contained remote-code copy of the saved Kimi-VL checkpoint `model_dir` into `out_dir`.
 
     `model_dir` holds `config.json` (model_type `kimi_vl`) and the weights, usually also the processor and
     tokenizer files (`KimiVLProcessor.save_pretrained`); everything in it but a training stage's records of its run
-    (`TRAINING_RECORDS`) is copied, a model card is written unless there is a `README.md` already
-    (`kimi_vl.model_card`: metadata, architecture, usage, the training summary), then `add_remote_code` runs on
-    the copy. `out_dir` may be `model_dir` itself (in
-    place, nothing removed); otherwise it is written whole into a temporary sibling and renamed into place, so it
-    never mixes two checkpoints' files (an old shard index beside new weights would load the old weights).
+    (`TRAINING_RECORDS`) is copied, a model card is written unless there is a `README.md` already (`card`, by
+    default `kimi_vl.model_card.model_card`'s: metadata, architecture, usage, the training summary), then
+    `add_remote_code` runs on the copy. `out_dir` may be `model_dir` itself (in place, nothing removed); otherwise
+    it is written whole into a temporary sibling and renamed into place, so it never mixes two checkpoints' files (an
+    old shard index beside new weights would load the old weights).
 
     Returns:
         `out_dir` as a `Path`.
@@ -289,7 +290,7 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
     src, out = Path(model_dir), Path(out_dir)
     _check_model_dir(src)
     if out.exists() and out.resolve() == src.resolve():
-        _write_card(out, out.resolve().name)
+        _write_card(out, out.resolve().name, card)
         return add_remote_code(out)
     if out.resolve().is_relative_to(src.resolve()):
         raise CheckpointError(f"{out} lies inside the checkpoint {src}; export to a folder outside it.")
@@ -299,14 +300,14 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
 
     with staged_directory(out, overwrite) as tmp:
         shutil.copytree(src, tmp, ignore=records, dirs_exist_ok=True)
-        _write_card(tmp, out.resolve().name)
+        _write_card(tmp, out.resolve().name, card)
         add_remote_code(tmp)
     return out
 
 
-def _write_card(folder: Path, name: str) -> None:
+def _write_card(folder: Path, name: str, card: str | None) -> None:
     if not (folder / "README.md").exists():  # a card of the user's own stays
-        (folder / "README.md").write_text(model_card(folder, name=name), encoding="utf-8")
+        (folder / "README.md").write_text(card or model_card(folder, name=name), encoding="utf-8")
 
 
 __all__ = [

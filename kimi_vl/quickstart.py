@@ -136,12 +136,10 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
 def export_final(out: Path, source: Path, seed: int) -> Path:
     """The final checkpoint, self-contained (remote code and `auto_map`), without its training records (resume
     states, metrics, plots: `export_remote_code`), as `out/model`, with a model card that adds the evaluation."""
-    model = export_remote_code(source, out / "model", overwrite=True)
     preset = (read_summary(source) or {}).get("preset")
-    evaluation = card_evaluation(_done(out / "eval" / "done.json") or {})
-    (model / "README.md").write_text(model_card(model, name=f"kimi-vl quickstart ({preset} preset, seed {seed})",
-                                                evaluation=evaluation), encoding="utf-8")
-    return model
+    card = model_card(source, name=f"kimi-vl quickstart ({preset} preset, seed {seed})",
+                      evaluation=card_evaluation(_done(out / "eval" / "done.json") or {}))
+    return export_remote_code(source, out / "model", overwrite=True, card=card)
 
 
 def card_evaluation(ev: dict[str, Any]) -> str:
