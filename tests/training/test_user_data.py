@@ -1,7 +1,7 @@
 """Every stage on users' files through the command line: documents, chats and RL prompts in their schemas, settings
 from `--config` and options, bad records logged and counted, `--strict`, the data fingerprint on resume, SIGKILL
 at any point then rerun (the same loss curve, exactly), Ctrl-C (a checkpoint, then the same curve on rerun),
-data-loader workers, and two gloo processes against one."""
+data-loader workers, and two gloo processes against one (one of them sent SIGTERM on the way: both stop)."""
 
 import json
 import os
