@@ -55,8 +55,9 @@ class StopOnSignal:
             raise KeyboardInterrupt
         self.received, self.signum = signal.Signals(signum).name, signum
         if self.announce:
-            print(f"\n{self.received}: stopping after this step with a checkpoint (press Ctrl-C again to stop at "
-                  "once, losing the steps since the last checkpoint)", file=sys.stderr, flush=True)
+            again = (" (press Ctrl-C again to stop at once, losing the steps since the last checkpoint)"
+                     if signum == signal.SIGINT else "")
+            print(f"\n{self.received}: stopping after this step with a checkpoint{again}", file=sys.stderr, flush=True)
 
 
 def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:

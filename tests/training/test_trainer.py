@@ -195,7 +195,7 @@ class SignalAt(CountingData):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
-def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, sig):
+def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, capsys, sig):
     """Ctrl-C or a scheduler's SIGTERM in step 3 (no periodic checkpoint before step 100): the step finishes, a
     checkpoint of it is written, `TrainingInterrupted` says so, the signal handlers are restored, and the rerun
     reproduces the uninterrupted curve."""
@@ -205,6 +205,9 @@ def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, s
     with pytest.raises(TrainingInterrupted, match=rf"{sig.name}: stopped after step 3 of 8 with a checkpoint in ") as e:
         Trainer(tiny_lm(), SignalAt({2: [sig]}), cfg(checkpoint_every=100), cut).train()
     assert e.value.exit_status == 128 + sig  # as a process the signal ended: 130, 143
+    announced = capsys.readouterr().err
+    assert f"{sig.name}: stopping after this step with a checkpoint" in announced
+    assert ("press Ctrl-C again" in announced) == (sig == signal.SIGINT)
     assert signal.getsignal(sig) is before
     assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000003"]
     assert [m["step"] for m in read_metrics(cut / "metrics.jsonl")] == [1, 2, 3]
