@@ -154,8 +154,8 @@ def card_evaluation(ev: dict[str, Any]) -> str:
              "|---|---|" + ("---|" if fresh else "") + "---|---|"]
     for name, entry in ev["rl"].items():
         again = f"{_cell(ev['fresh'][name])} | " if fresh and name in ev["fresh"] else "- | " if fresh else ""
-        lines.append(f"| {name} | {_cell(entry)} | {again}{100 * entry['chance']:.1f}% | "
-                     f"{100 * entry['constant']:.1f}% ({entry['constant_answer']}) |")
+        lines.append(f"| {name} | {_cell(entry)} | {again}{_baseline(entry, 'chance')} | "
+                     f"{_baseline(entry, 'constant')} |")
     return "\n".join(lines + ["", "Greedy generation with each benchmark's own answer extraction and scoring; the "
                               "constant answer is the best single answer given to every item."])
 

@@ -22,6 +22,8 @@ from typing import Any
 
 import torch
 
+from .distributed import all_reduce_max, get_world_size
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -63,9 +65,6 @@ class StopOnSignal:
 def any_rank(flag: bool, device: torch.device | str = "cpu") -> bool:
     """`flag` of this process or, in a distributed run, of any rank (a collective: every rank asks after every step,
     so that all stop after the same one). `device`: where the process group's tensors live (CUDA for NCCL)."""
-    dist = torch.distributed
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+    if get_world_size() == 1:
         return flag
-    value = torch.tensor([int(flag)], device=device)
-    dist.all_reduce(value, op=dist.ReduceOp.MAX)
-    return bool(value.item())
+    return bool(all_reduce_max(torch.tensor([int(flag)], device=device)).item())
