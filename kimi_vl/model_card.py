@@ -11,8 +11,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from safetensors import safe_open
-
+from .convert import _Source
 from .errors import CheckpointError
 
 MIXERS = {"kda": "KDA", "mla": "MLA (NoPE)", "mla_rope": "RoPE-MLA"}
@@ -27,14 +26,8 @@ REPOSITORY_ID = "ORG/NAME"
 def parameter_count(model_dir: str | Path) -> int:
     """The number of weights in the checkpoint's `*.safetensors` files (sharded or not; parameters and saved
     buffers such as the routers' biases), from their headers."""
-    files = sorted(Path(model_dir).glob("*.safetensors"))
-    if not files:
-        raise CheckpointError(f"{model_dir} has no .safetensors weights; save the model with save_pretrained first.")
-    total = 0
-    for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            total += sum(math.prod(f.get_slice(key).get_shape()) for key in f.keys())
-    return total
+    weights = _Source(Path(model_dir))  # raises CheckpointError without safetensors files
+    return sum(math.prod(weights.shape(key)) for key in weights.keys())
 
 
 def _architecture(config: dict[str, Any], parameters: int) -> str:
