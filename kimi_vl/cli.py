@@ -254,6 +254,16 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
     return showwarning
 
 
+def _end_process_group(owned: bool) -> None:
+    """Destroy the process group the command started (under torchrun / accelerate launch), as torch asks of a normal
+    exit: left to interpreter exit, NCCL warns on every rank and gloo's threads can abort a finished rank. Only on
+    the paths where every rank gets here together; after an error the ranks may be out of step."""
+    import torch.distributed as dist
+
+    if owned and dist.is_initialized():
+        dist.destroy_process_group()
+
+
 def main(argv: list[str] | None = None) -> int:
     from transformers.utils import logging as transformers_logging
 
@@ -262,11 +272,17 @@ def main(argv: list[str] | None = None) -> int:
     bars = transformers_logging.is_progress_bar_enabled()
     if not getattr(args, "progress", True) or not interactive():
         transformers_logging.disable_progress_bar()
+    import torch.distributed as dist
+
+    owns_group = not dist.is_initialized()  # a launcher's ranks: accelerate starts the group inside the command
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
-            return int(args.func(args) or 0)
+            status = int(args.func(args) or 0)
+        _end_process_group(owns_group)
+        return status
     except TrainingInterrupted as e:
+        _end_process_group(owns_group)  # every rank stopped after the same step
         print(f"kimi-vl: {e}", file=sys.stderr)
         return e.exit_status
     except KeyboardInterrupt:

@@ -75,3 +75,29 @@ def test_kimi_vls_warnings_print_as_one_line(monkeypatch, capsys, tmp_path):
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("kimi-vl: warning: preset 'small' is a GPU recipe")
     assert err[1].startswith("kimi-vl: error: ")
+
+
+@pytest.mark.parametrize("raised", [None, TrainingInterrupted("SIGTERM: stopped after step 3 of 8", 143)])
+def test_a_command_ends_the_process_group_it_started(monkeypatch, tmp_path, raised):
+    """Under a launcher accelerate starts the process group inside the command; the command destroys it before
+    returning (torch's normal exit), whether training finished or stopped on a signal. A group the caller started
+    before the command stays theirs."""
+    import torch.distributed as dist
+
+    def start_group(*args, **kwargs):
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        if raised:
+            raise raised
+        return tmp_path / "REPORT.md"
+
+    monkeypatch.setattr("kimi_vl.quickstart.quickstart", start_group)
+    assert not dist.is_initialized()
+    assert main(["quickstart", "--out", "q"]) == (raised.exit_status if raised else 0)
+    assert not dist.is_initialized()
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store2'}", rank=0, world_size=1)
+    try:
+        monkeypatch.setattr("kimi_vl.quickstart.quickstart", lambda *a, **k: tmp_path / "REPORT.md")
+        assert main(["quickstart", "--out", "q"]) == 0 and dist.is_initialized()
+    finally:
+        dist.destroy_process_group()

@@ -14,6 +14,7 @@ training. For the same reason the backbone is all MLA: KDA computes its gates in
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -155,6 +156,11 @@ def _worker(rank: int, port: int, out: str) -> None:
             params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
                       for n, p in model.named_parameters()}
             torch.save({"params": params, "maxima": maxima}, os.path.join(out, f"{mode}-{rank}.pt"))
+            # DDP and FSDP2 keep the process group alive; freed only at interpreter exit, its gloo threads once
+            # aborted a rank that had finished (SIGABRT, "terminate called without an active exception", 1 CI run)
+            del wrapped, model, opt
+            gc.collect()
+        dist.barrier()  # neither rank closes its connections while the other still talks
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
