@@ -43,7 +43,7 @@ def _export(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from .training import stages
+    from .training import is_main_process, stages
     from .training.config import load_config_file, stage_overrides
 
     settings = load_config_file(args.config) if args.config else {}
@@ -57,7 +57,8 @@ def _train(args: argparse.Namespace) -> None:
     else:
         run = stages.sft if args.stage == "sft" else stages.rl
         out = run(args.from_dir, args.out, preset=preset, seed=seed, **settings)
-    print(f"wrote {out} ({stages.summary_line(stages.read_summary(out) or {})})")
+    if is_main_process():  # rank 0 writes the summary; one line per run, not per rank
+        print(f"wrote {out} ({stages.summary_line(stages.read_summary(out) or {})})")
 
 
 def _eval(args: argparse.Namespace) -> None:
