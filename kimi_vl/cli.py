@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import warnings
 from collections.abc import Callable
@@ -10,7 +11,7 @@ from pathlib import Path
 from typing import TextIO
 
 from . import __version__
-from .errors import KimiVLError, TrainingInterrupted
+from .errors import ConfigError, KimiVLError, TrainingInterrupted
 from .progress import interactive
 
 
@@ -255,6 +256,16 @@ def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
     return showwarning
 
 
+def _one_process_unless_training(args: argparse.Namespace) -> None:
+    """Only `kimi-vl train STAGE` shares its work between the ranks of `torchrun` / `accelerate launch`; any other
+    command would run once per rank, each writing the same files."""
+    world = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if world > 1 and args.func is not _train:
+        raise ConfigError(f"`kimi-vl {args.command}` runs in one process, but was launched as {world} (WORLD_SIZE="
+                          f"{world}); run it without torchrun / accelerate launch (only `kimi-vl train STAGE` "
+                          "trains across processes)")
+
+
 def _end_process_group(owned: bool) -> None:
     """Destroy the process group the command started (under torchrun / accelerate launch), as torch asks of a normal
     exit: left to interpreter exit, NCCL warns on every rank and gloo's threads can abort a finished rank. Only on
@@ -277,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     owns_group = not dist.is_initialized()  # a launcher's ranks: accelerate starts the group inside the command
     try:
+        _one_process_unless_training(args)
         with warnings.catch_warnings():
             warnings.showwarning = _one_line_warnings(warnings.showwarning)
             status = int(args.func(args) or 0)

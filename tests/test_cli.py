@@ -101,3 +101,14 @@ def test_a_command_ends_the_process_group_it_started(monkeypatch, tmp_path, rais
         assert main(["quickstart", "--out", "q"]) == 0 and dist.is_initialized()
     finally:
         dist.destroy_process_group()
+
+
+def test_only_training_runs_under_a_launcher(monkeypatch, capsys):
+    """Under torchrun (WORLD_SIZE > 1) a command other than `train STAGE` would run once per rank over the same
+    files: it stops before starting, saying so."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setattr("kimi_vl.quickstart.quickstart", lambda *a, **k: pytest.fail("ran under a launcher"))
+    assert main(["quickstart", "--out", "q"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kimi-vl: error: `kimi-vl quickstart` runs in one process, but was launched as 2")
+    assert "only `kimi-vl train STAGE` trains across processes" in err
