@@ -270,9 +270,12 @@ def _end_process_group(owned: bool) -> None:
     """Destroy the process group the command started (under torchrun / accelerate launch), as torch asks of a normal
     exit: left to interpreter exit, NCCL warns on every rank and gloo's threads can abort a finished rank. Only on
     the paths where every rank gets here together; after an error the ranks may be out of step."""
+    import gc
+
     import torch.distributed as dist
 
     if owned and dist.is_initialized():
+        gc.collect()  # the finished run's DDP / FSDP2 wrappers (reference cycles) still hold the group
         dist.destroy_process_group()
 
 
