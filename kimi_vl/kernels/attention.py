@@ -87,8 +87,8 @@ def packed_attention(
         index = torch.tensor(starts, device=q.device)[:, None] + torch.arange(length, device=q.device)  # [n, L]
         o = F.scaled_dot_product_attention(
             q[index].transpose(1, 2), k[index].transpose(1, 2), v[index].transpose(1, 2), scale=scale
-        )  # [n, H, L, Dv]
-        out[index] = o.transpose(1, 2)
+        )  # [n, H, L, Dv]; under autocast in its lower precision, `out` in q's
+        out[index] = o.transpose(1, 2).to(out.dtype)
     return out
 
 

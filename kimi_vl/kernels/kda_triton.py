@@ -47,6 +47,12 @@ import triton.language as tl
 
 from kimi_vl.kernels.kda import CHUNK, L2_EPS, SUB_CHUNK
 
+LOOP_STAGES = 1
+"""Software-pipelining stages of the kernels that loop over chunks or value blocks (the state walks, the backward's
+inter-chunk kernel). Each extra stage buffers another set of the loop's ``[BT, BK]`` tiles in shared memory: at
+head dim 128 in bf16 the default 3 stages need 416-449 KiB, past every GPU's limit (227 KiB on H100 / H200,
+163 KiB on A100); one stage needs 96-128 KiB. Each chunk's step waits on the state anyway."""
+
 
 def interpreting() -> bool:
     """True when triton was imported with ``TRITON_INTERPRET=1`` (kernels then run on CPU tensors)."""
@@ -557,19 +563,21 @@ def _chunk_bwd_intra_kernel(
             col_decay = tl.exp(tl.where(mj & (n < eos), g_ref[None, :] - b_gj, 0.0))
             b_dkc += (tl.dot(tl.trans(d_kk), b_kr, input_precision=PREC)
                       + tl.dot(tl.trans(d_qk), b_qr, input_precision=PREC)) * col_decay
+        # names new to this dynamic loop: one that exists already (a tile of the loops above) would be
+        # loop-carried, and must keep its shape
         for a in range(BC):  # diagonal sub-block, row token a
             ta = bos + j * BC + a
             m_a = mk & (ta < eos)
-            a_off = (ta * H + i_h) * K + rk
-            k_a = tl.load(kn + a_off, mask=m_a, other=0.0)
-            q_a = tl.load(qn + a_off, mask=m_a, other=0.0)
-            g_a = tl.load(gc + a_off, mask=m_a, other=0.0)
+            tok_a = (ta * H + i_h) * K + rk
+            k_a = tl.load(kn + tok_a, mask=m_a, other=0.0)
+            q_a = tl.load(qn + tok_a, mask=m_a, other=0.0)
+            g_a = tl.load(gc + tok_a, mask=m_a, other=0.0)
             row = (ta * H + i_h) * BT + j * BC + rc
-            d_kk = tl.load(dakk + row, mask=ta < eos, other=0.0)
-            d_qk = tl.load(daqk + row, mask=ta < eos, other=0.0)
+            dkk_a = tl.load(dakk + row, mask=ta < eos, other=0.0)
+            dqk_a = tl.load(daqk + row, mask=ta < eos, other=0.0)
             keep = (rc[:, None] <= a) & mj & (ta < eos)
             e = tl.exp(tl.where(keep, g_a[None, :] - b_gj, float("-inf")))
-            b_dkc += (d_kk[:, None] * k_a[None, :] + d_qk[:, None] * q_a[None, :]) * e
+            b_dkc += (dkk_a[:, None] * k_a[None, :] + dqk_a[:, None] * q_a[None, :]) * e
         tl.store(xkc + off_j, b_dkc, mask=mj)
 
 
@@ -674,6 +682,7 @@ def chunk_kda_fwd(
     _chunk_state_kernel[(N, H, triton.cdiv(V, BV))](
         qn, kn, gc, w, u, aqk, o, h0, ht, hs, vn, cu, chunk_first, H, K, V,
         HAS_H0=initial_state is not None, STORE_HT=True, STORE_H=for_backward, BT=CHUNK, BK=BK, BV=BV, PREC=prec,
+        num_stages=LOOP_STAGES,
     )
     out = dict(o=o, ht=ht)
     if for_backward:
@@ -713,7 +722,7 @@ def chunk_kda_bwd(
     dht_arg = dht.contiguous() if dht is not None else dh0
     _chunk_bwd_state_kernel[(N, H, triton.cdiv(V, BV))](
         fw["qn"], fw["kn"], fw["gc"], fw["w"], fw["aqk"], do, dht_arg, dh, dvn, dh0, fw["cu"], fw["chunk_first"],
-        H, K, V, HAS_DHT=dht is not None, BT=CHUNK, BK=BK, BV=BV, PREC=prec,
+        H, K, V, HAS_DHT=dht is not None, BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_stages=LOOP_STAGES,
     )
     dq, dk, dg = torch.empty_like(q), torch.empty_like(k), torch.empty_like(g, memory_format=torch.contiguous_format)
     dv, dbeta = torch.empty_like(v), torch.empty_like(beta)
@@ -724,7 +733,7 @@ def chunk_kda_bwd(
         chunks = fw["chunks"]
         _chunk_bwd_inter_kernel[(NC, H)](
             fw["qn"], fw["kn"], fw["gc"], fw["hs"], dh, fw["vn"], do, dvn, dqn, dkn, dgc, dgl, daqk, dw, chunks,
-            H, K, V, BT=CHUNK, BK=BK, BV=BV, PREC=prec,
+            H, K, V, BT=CHUNK, BK=BK, BV=BV, PREC=prec, num_stages=LOOP_STAGES,
         )
         _chunk_bwd_ut_kernel[(NC, H)](
             fw["kn"], fw["gc"], v, beta, fw["akk"], fw["mm"], dw, dvn, dkn, dgc, dv, dbeta, dakk, chunks,

@@ -1,4 +1,5 @@
-"""Packed (varlen) attention: equals per-sequence dense attention, never mixes sequences, validates inputs."""
+"""Packed (varlen) attention: equals per-sequence dense attention, never mixes sequences, runs under bf16
+autocast, validates inputs."""
 
 from __future__ import annotations
 
@@ -77,3 +78,14 @@ def test_sequences_are_isolated_and_gradients_flow():
 def test_bad_inputs_raise_shape_error(make):
     with pytest.raises(ShapeError):
         packed_attention(*make(*packed([4, 4, 6])))
+
+
+@pytest.mark.parametrize("lengths", [[4, 9, 4], [5, 5]])  # equal lengths apart in the pack (a gather), side by side
+def test_bf16_autocast_returns_qs_dtype(lengths):
+    """Mixed-precision training: SDPA returns bf16 under autocast while q, from fp32 layers, is fp32; the output is
+    in q's dtype on both paths (the gather path once failed: an index put of bf16 into fp32)."""
+    q, k, v, cu = packed(lengths)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = packed_attention(q, k, v, cu)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, dense_reference(q, k, v, lengths), rtol=0.05, atol=0.05)

@@ -31,8 +31,8 @@ def run(fn, inputs, use_h0=True, seed=1, **kw):
     q, k, v, g, beta, h0 = (x.detach().clone().requires_grad_() for x in inputs)
     o, ht = fn(q, k, v, g, beta, initial_state=h0 if use_h0 else None, output_final_state=True, **kw)
     gen = torch.Generator().manual_seed(seed)
-    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.dtype)
-    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(ht.dtype)
+    do = torch.randn(o.shape, generator=gen, dtype=torch.float64).to(o.device, o.dtype)
+    dht = torch.randn(ht.shape, generator=gen, dtype=torch.float64).to(ht.device, ht.dtype)
     ((o * do).sum() + (ht * dht).sum()).backward()
     grads = [x.grad if x.grad is not None else torch.zeros_like(x) for x in (q, k, v, g, beta, h0)]
     return dict(zip(NAMES, [o.detach(), ht.detach(), *grads], strict=True))

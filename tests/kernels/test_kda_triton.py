@@ -170,7 +170,8 @@ def case_recurrent(device, T, D, use_h0, l2, varlen=False):
     assert o.dtype == q.dtype and ht.dtype == torch.float32
     _assert_close({"o": o, "ht": ht}, {"o": o_ref, "ht": ht_ref}, names=("o", "ht"))
     o2, none = fused_recurrent_kda_triton(q, k, v, g, beta, initial_state=h0, **kw)
-    assert none is None and torch.equal(o2, o)
+    assert none is None  # the same output: bit for bit in the interpreter; compiled, the kernel without the state
+    torch.testing.assert_close(o2, o, rtol=0, atol=1e-5)  # store is another program (rounding may move)
 
 
 def case_chunk(device, T, D, use_h0, l2, gate_div=1.0, varlen=False, hard_reset=False):

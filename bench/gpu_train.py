@@ -1,0 +1,90 @@
+"""A preset's stages on a CUDA GPU for a few steps each, in this process: step time, tokens/s, peak memory.
+
+Runs `kimi-vl train pretrain` (then `sft` and `rl` from it) through `kimi_vl.cli.main` and reads each stage's
+`metrics.jsonl`: the median step time after the first `--skip` steps (Triton compiles and the allocator warms up
+there), tokens per step and per second, the loss at the first and last step, and the peak CUDA memory of the
+stage (`torch.cuda.max_memory_allocated`). The `small` preset is the single-GPU recipe (bf16, one 80 GB GPU);
+this is how we know it fits and how fast it steps.
+
+Run: `python bench/gpu_train.py [--preset small] [--steps 30] [--sft-steps 10] [--rl-steps 2] [--tokenizer DIR]
+[--out runs/gpu_train]` (a prebuilt tokenizer skips the preset's tokenizer training; RL's `--k`,
+`--prompts-per-family` and `--max-new-tokens` default to a short rollout batch, not the preset's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+
+def _summary(stage: str, out: Path, seconds: float, skip: int) -> dict:
+    import torch
+
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    timed = [m["step_time"] for m in metrics[skip:]] or [m["step_time"] for m in metrics]
+    tokens = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}, *metrics], metrics)]
+    per_step = statistics.median(tokens)
+    row = {"stage": stage, "steps": len(metrics), "wall_s": round(seconds, 1),
+           "median_step_s": round(statistics.median(timed), 4), "step_s_range": [round(min(timed), 4),
+                                                                                round(max(timed), 4)],
+           "tokens_per_step": per_step, "tokens_per_s": round(per_step / statistics.median(timed)),
+           "loss_first": metrics[0].get("loss"), "loss_last": metrics[-1].get("loss"),
+           "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2)}
+    if "reward_mean" in metrics[0]:
+        row["reward_mean"] = [round(m["reward_mean"], 3) for m in metrics]
+    return row
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--preset", default="small")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--sft-steps", type=int, default=10)
+    ap.add_argument("--rl-steps", type=int, default=2)
+    ap.add_argument("--k", type=int, default=4, help="RL: responses per prompt")
+    ap.add_argument("--prompts-per-family", type=int, default=4, help="RL: prompts of each task family per batch")
+    ap.add_argument("--max-new-tokens", type=int, default=128, help="RL: longest response")
+    ap.add_argument("--skip", type=int, default=3, help="first steps left out of the step time")
+    ap.add_argument("--tokenizer", default=None)
+    ap.add_argument("--out", default="runs/gpu_train")
+    args = ap.parse_args()
+
+    import torch
+
+    from kimi_vl.cli import main as kimi_vl
+
+    if not torch.cuda.is_available():
+        print("bench/gpu_train.py needs a CUDA GPU; none found.", file=sys.stderr)
+        return 2
+    print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, preset {args.preset}", flush=True)
+    root = Path(args.out)
+    common = ["--preset", args.preset, "--no-progress", "--checkpoint-every", "100000"]
+    stages = [("pretrain", ["--steps", str(args.steps), *(["--tokenizer", args.tokenizer] if args.tokenizer else [])]),
+              ("sft", ["--from", str(root / "pretrain"), "--steps", str(args.sft_steps)]),
+              ("rl", ["--from", str(root / "sft"), "--steps", str(args.rl_steps), "--k", str(args.k),
+                      "--prompts-per-family", str(args.prompts_per_family),
+                      "--max-new-tokens", str(args.max_new_tokens)])]
+    rows = []
+    for stage, extra in stages:
+        if stage != "pretrain" and not (root / "pretrain" / "training_summary.json").exists():
+            break
+        if (stage == "sft" and args.sft_steps == 0) or (stage == "rl" and (args.rl_steps == 0 or args.sft_steps == 0)):
+            break
+        torch.cuda.reset_peak_memory_stats()
+        start = time.perf_counter()
+        status = kimi_vl(["train", stage, "--out", str(root / stage), *common, *extra])
+        if status != 0:
+            print(f"SUMMARY {stage}: exit status {status}", flush=True)
+            return status
+        rows.append(_summary(stage, root / stage, time.perf_counter() - start, args.skip))
+        print("SUMMARY " + json.dumps(rows[-1]), flush=True)
+    (root / "gpu_train.json").write_text(json.dumps(rows, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
