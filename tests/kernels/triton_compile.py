@@ -64,16 +64,18 @@ def compile_all(arch: int, head_dim: int, dtype: str, T: int = 200, H: int = 2) 
         setattr(kda_triton, name, Recorder(getattr(kda_triton, name)))
     kda_triton._require_runnable = lambda x: None
     dt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}[dtype]
-    q, k, v = (torch.randn(1, T, H, head_dim, dtype=dt, requires_grad=True) for _ in range(3))
-    g = F.logsigmoid(torch.randn(1, T, H, head_dim)).to(dt).requires_grad_()
-    beta = torch.rand(1, T, H, dtype=dt, requires_grad=True)
-    h0 = torch.randn(1, H, head_dim, head_dim, requires_grad=True)
-    o, ht = kda_triton.chunk_kda_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                        use_qk_l2norm=True)
-    (o.float().sum() + ht.sum()).backward()
-    with torch.no_grad():
-        kda_triton.fused_recurrent_kda_triton(q, k, v, g, beta, initial_state=h0, output_final_state=True,
-                                              use_qk_l2norm=True)
+    # every constexpr variant: with an initial state, the final state and the L2 norm (one sequence); without
+    # them (three packed sequences)
+    for with_state, offsets in ((True, None), (False, [0, T // 3, T // 2, T])):
+        q, k, v = (torch.randn(1, T, H, head_dim, dtype=dt, requires_grad=True) for _ in range(3))
+        g = F.logsigmoid(torch.randn(1, T, H, head_dim)).to(dt).requires_grad_()
+        beta = torch.rand(1, T, H, dtype=dt, requires_grad=True)
+        h0 = torch.randn(1, H, head_dim, head_dim, requires_grad=True) if with_state else None
+        kw = dict(initial_state=h0, output_final_state=with_state, use_qk_l2norm=with_state)
+        o, ht = kda_triton.chunk_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
+        (o.float().sum() + (ht.sum() if with_state else 0)).backward()
+        with torch.no_grad():
+            kda_triton.fused_recurrent_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
     records, seen = [], set()
     for fn, args, kwargs in launches:
         options = {k: kwargs.pop(k) for k in ("num_warps", "num_stages") if k in kwargs}
