@@ -24,7 +24,9 @@ from pathlib import Path
 def _summary(stage: str, out: Path, seconds: float, skip: int) -> dict:
     import torch
 
-    metrics = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    from kimi_vl.training.trainer import read_metrics
+
+    metrics = read_metrics(out / "metrics.jsonl")
     timed = [m["step_time"] for m in metrics[skip:]] or [m["step_time"] for m in metrics]
     tokens = [b["tokens"] - a["tokens"] for a, b in zip([{"tokens": 0}, *metrics], metrics)]
     per_step = statistics.median(tokens)
