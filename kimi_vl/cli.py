@@ -280,6 +280,7 @@ def _end_process_group(owned: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import torch.distributed as dist
     from transformers.utils import logging as transformers_logging
 
     args = build_parser().parse_args(argv)
@@ -287,8 +288,6 @@ def main(argv: list[str] | None = None) -> int:
     bars = transformers_logging.is_progress_bar_enabled()
     if not getattr(args, "progress", True) or not interactive():
         transformers_logging.disable_progress_bar()
-    import torch.distributed as dist
-
     owns_group = not dist.is_initialized()  # a launcher's ranks: accelerate starts the group inside the command
     try:
         _one_process_unless_training(args)
