@@ -3,15 +3,18 @@
 The CPU tests run the kernels in Triton's interpreter, which accepted a backward kernel the compiler rejects (a
 loop-carried variable that changed shape) and knows no shared-memory limit (the state kernels asked for 416 KiB
 at head dim 128): both surfaced on the first GPU. `tests/kernels/triton_compile.py` compiles each launch of
-the forward, backward and decode paths with the real compiler (in a child process: this one may be interpreting).
+the forward, backward and decode paths with the real compiler (in a child process: this one may be interpreting;
+started in the background as soon as the session's tests are selected).
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -24,14 +27,51 @@ KERNELS = {"_chunk_prep_kernel", "_chunk_intra_kernel", "_chunk_ut_kernel", "_ch
            "_chunk_bwd_final_kernel", "_recurrent_fwd_kernel"}
 
 
+_RUNS: dict[tuple, tuple[subprocess.Popen, object]] = {}  # (arch, head_dim, dtype) -> (compile process, its output)
+
+
+def start_compiles(items: list[pytest.Item], config: pytest.Config) -> None:
+    """Start the compile processes of the selected tests in the background (`tests/kernels/conftest.py` calls this
+    once the session's tests are selected), so that their seconds of compiling overlap the tests before them; any
+    left when the session ends (interrupted, -x) are killed."""
+    for item in items:
+        if Path(str(item.path)).name == Path(__file__).name and hasattr(item, "callspec"):
+            _start(*(item.callspec.params[k] for k in ("arch", "head_dim", "dtype")))
+    config.add_cleanup(_stop_all)
+
+
+def _stop_all() -> None:
+    while _RUNS:
+        proc, out = _RUNS.popitem()[1]
+        proc.kill()
+        proc.wait()
+        out.close()
+
+
+def _start(arch: int, head_dim: int, dtype: str) -> None:
+    if (arch, head_dim, dtype) in _RUNS or importlib.util.find_spec("triton.backends.nvidia") is None:
+        return
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen([sys.executable, "-m", "tests.kernels.triton_compile", "--arch", str(arch), "--head-dim",
+                             str(head_dim), "--dtype", dtype], cwd=ROOT, env=env, stdout=out,
+                            stderr=subprocess.STDOUT, text=True)
+    _RUNS[arch, head_dim, dtype] = proc, out
+
+
 def _compile(arch: int, head_dim: int, dtype: str) -> list[dict]:
     pytest.importorskip("triton.backends.nvidia")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run([sys.executable, "-m", "tests.kernels.triton_compile", "--arch", str(arch), "--head-dim",
-                           str(head_dim), "--dtype", dtype], cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=900)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return [json.loads(line) for line in done.stdout.splitlines()]
+    _start(arch, head_dim, dtype)  # already running when the conftest hook started it
+    proc, out = _RUNS.pop((arch, head_dim, dtype))
+    try:
+        proc.wait(timeout=900)
+    finally:
+        proc.kill()
+    out.seek(0)
+    lines = out.read().splitlines()
+    out.close()
+    assert proc.returncode == 0, "\n".join(lines[-40:])
+    return [json.loads(line) for line in lines if line.startswith("{")]
 
 
 @pytest.mark.parametrize(("arch", "head_dim", "dtype"), [
