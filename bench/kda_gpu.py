@@ -54,24 +54,7 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
             lambda q, k, v, g, b, h0: fused_recurrent_kda_triton(q, k, v, g, b, initial_state=h0,
                                                                  output_final_state=True, use_qk_l2norm=True),
         ),
-        "kimi_vl torch": (
-            lambda q, k, v, g, b, h0: chunk_kda_torch(q, k, v, g, b, initial_state=h0, output_final_state=True,
-                                                      use_qk_l2norm=True),
-            lambda q, k, v, g, b, h0: fused_recurrent_kda_torch(q, k, v, g, b, initial_state=h0,
-                                                                output_final_state=True, use_qk_l2norm=True),
-        ),
     }
-    try:
-        from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
-
-        impls["transformers fallback"] = (
-            lambda q, k, v, g, b, h0: chunk_kimi_delta_attention(q, k, v, g, b, initial_state=h0,
-                                                                 output_final_state=True,
-                                                                 use_qk_l2norm_in_kernel=True),
-            None,
-        )
-    except ImportError as err:
-        print(f"[skip] transformers chunk_kimi_delta_attention: {err}")
     try:
         from fla.ops.kda import chunk_kda as fla_chunk
         from fla.ops.kda import fused_recurrent_kda as fla_recurrent
@@ -84,6 +67,24 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
         )
     except ImportError as err:
         print(f"[skip] fla: {err}")
+    # fla first after ours, the slow pure-PyTorch paths last: a time limit cuts the least informative
+    impls["kimi_vl torch"] = (
+        lambda q, k, v, g, b, h0: chunk_kda_torch(q, k, v, g, b, initial_state=h0, output_final_state=True,
+                                                  use_qk_l2norm=True),
+        lambda q, k, v, g, b, h0: fused_recurrent_kda_torch(q, k, v, g, b, initial_state=h0,
+                                                            output_final_state=True, use_qk_l2norm=True),
+    )
+    try:
+        from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
+
+        impls["transformers fallback"] = (
+            lambda q, k, v, g, b, h0: chunk_kimi_delta_attention(q, k, v, g, b, initial_state=h0,
+                                                                 output_final_state=True,
+                                                                 use_qk_l2norm_in_kernel=True),
+            None,
+        )
+    except ImportError as err:
+        print(f"[skip] transformers chunk_kimi_delta_attention: {err}")
     return impls
 
 
