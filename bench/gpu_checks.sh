@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# The checks that need a CUDA GPU, as one call on a lent machine (at most 9 minutes on an H100 / H200), from the
+# The checks that need a CUDA GPU, as one call on a lent machine (at most 11 minutes on an H100 / H200), from the
 # repository root:
 #   1. the Triton KDA kernels against the torch path on the GPU, every shape (slow-marked ones too)
-#   2. bench/kda_gpu.py: their timings against the torch path, transformers' fallback and fla (when installed)
-#   3. bench/gpu_train.py: the `small` preset's pre-training, SFT and RL for a few steps (bf16): step time,
+#   2. the `tiny` preset's first pre-training steps through the kernels against the torch path (loss curves)
+#   3. bench/kda_gpu.py: their timings against the torch path, transformers' fallback and fla (when installed)
+#   4. bench/gpu_train.py: the `small` preset's pre-training, SFT and RL for a few steps (bf16): step time,
 #      tokens/s, peak memory
 # Packages the machine lacks travel as wheels in .whl/ (installed to /tmp/site first), e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -24,6 +25,15 @@ python3 -c "import torch, triton, transformers; print('torch', torch.__version__
 
 timeout "${KERNELS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" \
     tests/kernels/test_kda_triton.py 2>&1 | tee "$OUT/kernels.log"
+# the `tiny` preset's first 20 pre-training steps in fp32, through the Triton kernels and through the torch path
+for path in triton torch; do
+    KIMI_VL_KERNELS=$path timeout "${PARITY_S:-60}" python3 -m kimi_vl.cli train pretrain --preset tiny --steps 20 \
+        --precision no --no-progress --out "/tmp/parity_$path" 2>&1 | tail -2
+done
+python3 -c "from kimi_vl.training.trainer import read_metrics as r
+a, b = (r(f'/tmp/parity_{p}/metrics.jsonl') for p in ('triton', 'torch'))
+print('PARITY tiny pre-training, Triton vs torch path: max |loss difference| over', len(a), 'steps',
+      max(abs(x['loss'] - y['loss']) for x, y in zip(a, b, strict=True)))" 2>&1 | tee "$OUT/parity.log"
 timeout "${KDA_S:-180}" python3 bench/kda_gpu.py 2>&1 | tee "$OUT/kda_gpu.log"
 tok=()
 [ -d gpu/tok_small ] && tok=(--tokenizer gpu/tok_small)
