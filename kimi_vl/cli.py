@@ -244,12 +244,14 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 
 def _one_line_warnings(show: Callable[..., None]) -> Callable[..., None]:
     """`warnings.showwarning` that prints kimi-vl's own warnings as one line, `kimi-vl: warning: ...`, like its errors
-    (not with the source line Python shows), and passes other libraries' warnings to `show`."""
+    (not with the source line Python shows), on rank 0 only under a launcher (every rank would print the same
+    line), and passes other libraries' warnings to `show`."""
 
     def showwarning(message: Warning | str, category: type[Warning], filename: str, lineno: int,
                     file: TextIO | None = None, line: str | None = None) -> None:
         if Path(filename).resolve().is_relative_to(PACKAGE_DIR):
-            print(f"kimi-vl: warning: {message}", file=sys.stderr if file is None else file)
+            if os.environ.get("RANK", "0") == "0":  # the launcher's rank: set before any process group exists
+                print(f"kimi-vl: warning: {message}", file=sys.stderr if file is None else file)
         else:
             show(message, category, filename, lineno, file, line)
 

@@ -66,15 +66,21 @@ def test_an_interrupted_command_exits_with_its_status_without_a_traceback(monkey
     assert capsys.readouterr().err.startswith(message)
 
 
-def test_kimi_vls_warnings_print_as_one_line(monkeypatch, capsys, tmp_path):
+@pytest.mark.parametrize("rank", [None, "1"])
+def test_kimi_vls_warnings_print_as_one_line_on_rank_0(monkeypatch, capsys, tmp_path, rank):
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    if rank is not None:  # another rank of a launcher: rank 0 prints the same warning
+        monkeypatch.setenv("RANK", rank)
     assert main(["train", "sft", "--from", str(tmp_path / "missing"), "--out", str(tmp_path / "o"),
                  "--preset", "small"]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("kimi-vl: warning: preset 'small' is a GPU recipe")
-    assert err[1].startswith("kimi-vl: error: ")
+    if rank is None:
+        assert err[0].startswith("kimi-vl: warning: preset 'small' is a GPU recipe")
+        assert err[1].startswith("kimi-vl: error: ")
+    else:
+        assert len(err) == 1 and err[0].startswith("kimi-vl: error: ")
 
 
 @pytest.mark.parametrize("raised", [None, TrainingInterrupted("SIGTERM: stopped after step 3 of 8", 143)])
