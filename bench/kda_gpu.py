@@ -47,13 +47,13 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
     from kimi_vl.kernels.kda import chunk_kda_torch, fused_recurrent_kda_torch
     from kimi_vl.kernels.kda_triton import chunk_kda_triton, fused_recurrent_kda_triton
 
+    def ours(chunk: Callable, recurrent: Callable) -> tuple[Callable, Callable]:
+        kw = dict(output_final_state=True, use_qk_l2norm=True)
+        return (lambda q, k, v, g, b, h0: chunk(q, k, v, g, b, initial_state=h0, **kw),
+                lambda q, k, v, g, b, h0: recurrent(q, k, v, g, b, initial_state=h0, **kw))
+
     impls: dict[str, tuple[Callable, Callable | None]] = {
-        "kimi_vl triton": (
-            lambda q, k, v, g, b, h0: chunk_kda_triton(q, k, v, g, b, initial_state=h0, output_final_state=True,
-                                                       use_qk_l2norm=True),
-            lambda q, k, v, g, b, h0: fused_recurrent_kda_triton(q, k, v, g, b, initial_state=h0,
-                                                                 output_final_state=True, use_qk_l2norm=True),
-        ),
+        "kimi_vl triton": ours(chunk_kda_triton, fused_recurrent_kda_triton),
     }
     try:
         from fla.ops.kda import chunk_kda as fla_chunk
@@ -68,12 +68,7 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
     except ImportError as err:
         print(f"[skip] fla: {err}")
     # fla first after ours, the slow pure-PyTorch paths last: a time limit cuts the least informative
-    impls["kimi_vl torch"] = (
-        lambda q, k, v, g, b, h0: chunk_kda_torch(q, k, v, g, b, initial_state=h0, output_final_state=True,
-                                                  use_qk_l2norm=True),
-        lambda q, k, v, g, b, h0: fused_recurrent_kda_torch(q, k, v, g, b, initial_state=h0,
-                                                            output_final_state=True, use_qk_l2norm=True),
-    )
+    impls["kimi_vl torch"] = ours(chunk_kda_torch, fused_recurrent_kda_torch)
     try:
         from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
 
