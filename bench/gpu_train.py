@@ -65,20 +65,17 @@ def main() -> int:
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, preset {args.preset}", flush=True)
     root = Path(args.out)
     common = ["--preset", args.preset, "--no-progress", "--checkpoint-every", "100000"]
-    stages = [("pretrain", ["--steps", str(args.steps), *(["--tokenizer", args.tokenizer] if args.tokenizer else [])]),
-              ("sft", ["--from", str(root / "pretrain"), "--steps", str(args.sft_steps)]),
-              ("rl", ["--from", str(root / "sft"), "--steps", str(args.rl_steps), "--k", str(args.k),
-                      "--prompts-per-family", str(args.prompts_per_family),
-                      "--max-new-tokens", str(args.max_new_tokens)])]
+    stages = [("pretrain", args.steps, ["--tokenizer", args.tokenizer] if args.tokenizer else []),
+              ("sft", args.sft_steps, ["--from", str(root / "pretrain")]),
+              ("rl", args.rl_steps, ["--from", str(root / "sft"), "--k", str(args.k), "--prompts-per-family",
+                                     str(args.prompts_per_family), "--max-new-tokens", str(args.max_new_tokens)])]
     rows = []
-    for stage, extra in stages:
-        if stage != "pretrain" and not (root / "pretrain" / "training_summary.json").exists():
-            break
-        if (stage == "sft" and args.sft_steps == 0) or (stage == "rl" and (args.rl_steps == 0 or args.sft_steps == 0)):
+    for stage, steps, extra in stages:
+        if steps == 0:  # each stage starts from the one before
             break
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        status = kimi_vl(["train", stage, "--out", str(root / stage), *common, *extra])
+        status = kimi_vl(["train", stage, "--out", str(root / stage), "--steps", str(steps), *common, *extra])
         if status != 0:
             print(f"SUMMARY {stage}: exit status {status}", flush=True)
             return status
