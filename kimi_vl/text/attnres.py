@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..optim_contract import ADAMW
+from .residual import run_checkpointed
 
 
 @dataclass
@@ -63,6 +64,7 @@ class AttnResidual(nn.Module):
         self.final_query = nn.Parameter(torch.zeros(hidden_size))
         self.final_key_norm = nn.Parameter(torch.ones(hidden_size))
         self.two_phase = True
+        self.gradient_checkpointing = False  # set with the model's: the depth mixing is recomputed too
 
     def extra_repr(self) -> str:
         return f"sublayers={self.num_sublayers}, block_size={self.block_size}, two_phase={self.two_phase}"
@@ -88,12 +90,17 @@ class AttnResidual(nn.Module):
             state.normed.append(self._normalise(state.partial))
             state.partial = None
         if self.two_phase and l == first:
-            state.stats = self._phase1(state, range(max(first, 1), min(first + self.block_size, self.num_sublayers)))
+            layers = range(max(first, 1), min(first + self.block_size, self.num_sublayers))
+            # the lists grow after this block: a recomputation must see them as they are now
+            state.stats = run_checkpointed(self, self._phase1, list(state.normed), list(state.sources), layers) \
+                if layers else None
         if l == 0:
             return state.sources[0]
         if not self.two_phase:
             return self._direct(state, l)
-        return self._phase2(state, l - max(first, 1), l)
+        o, m, s = (t[:, :, l - max(first, 1)] for t in state.stats)
+        n, dtype = len(state.sources), state.sources[0].dtype
+        return run_checkpointed(self, self._phase2, o, m, s, n, state.partial, l, dtype)
 
     def write(self, state: AttnResState, l: int, out: torch.Tensor) -> AttnResState:
         state.partial = out if state.partial is None else state.partial + out
@@ -116,27 +123,24 @@ class AttnResidual(nn.Module):
         h = sum(w[..., None] * v.float() for w, v in zip(weights, values))
         return (len(values) * h).to(values[0].dtype)
 
-    def _phase1(self, state: AttnResState, layers: range):
-        """All queries of a block against the completed sources: unnormalised sum `o [B, T, S, d]`, max and
-        exp-sum `[B, T, S]` per query."""
-        if not layers:
-            return None
+    def _phase1(self, normed: list[torch.Tensor], sources: list[torch.Tensor], layers: range):
+        """All queries of a block (sublayers `layers`) against the completed sources (`normed`, their key-normalised
+        copies): unnormalised sum `o [B, T, S, d]`, max and exp-sum `[B, T, S]` per query."""
         q = torch.stack([self._query(l) for l in layers])  # [S, d]
-        keys = torch.stack(state.normed, 2)  # [B, T, n, d]
+        keys = torch.stack(normed, 2)  # [B, T, n, d]
         logits = keys @ q.T  # [B, T, n, S]
         m = logits.amax(2)
         e = (logits - m[:, :, None]).exp()
-        values = torch.stack(state.sources, 2).float()  # [B, T, n, d]
+        values = torch.stack(sources, 2).float()  # [B, T, n, d]
         o = e.transpose(2, 3) @ values  # [B, T, S, d]
         return o, m, e.sum(2)
 
-    def _phase2(self, state: AttnResState, j: int, l: int) -> torch.Tensor:
-        """Sublayer `j` of the block: merge its phase-1 stats with the partial sum (online softmax)."""
-        o, m, s = (t[:, :, j] for t in state.stats)
-        n = len(state.sources)
-        if state.partial is None:
-            return (n * o / s[..., None]).to(state.sources[0].dtype)
-        p = state.partial
+    def _phase2(self, o: torch.Tensor, m: torch.Tensor, s: torch.Tensor, n: int, p: torch.Tensor | None, l: int,
+                dtype: torch.dtype) -> torch.Tensor:
+        """Sublayer `l`'s reading from its phase-1 stats (`o [B, T, d]`, `m`, `s [B, T]`, over `n` completed
+        sources) merged with the partial sum `p` (online softmax); `[B, T, d]` in `p`'s dtype, else `dtype`."""
+        if p is None:
+            return (n * o / s[..., None]).to(dtype)
         logit = self._normalise(p) @ self._query(l)  # [B, T]
         m_new = torch.maximum(m, logit)
         a, b = (m - m_new).exp(), (logit - m_new).exp()

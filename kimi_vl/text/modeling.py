@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -18,7 +17,7 @@ from .kda import KimiDeltaAttention
 from .mla import MultiHeadLatentAttention
 from .moe import Experts, MoE, SwiGLU, TopKRouter
 from .norm import RMSNorm
-from .residual import StandardResidual
+from .residual import StandardResidual, run_checkpointed
 from .rope import RotaryEmbedding, packed_positions
 
 
@@ -219,9 +218,9 @@ class KimiTextModel(KimiTextPreTrainedModel):
             h = self.residual.read(state, 2 * i)
             if hidden_states is not None:
                 hidden_states.append(h)
-            out = self._run(layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope)
+            out = run_checkpointed(self, layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope)
             state = self.residual.write(state, 2 * i, out)
-            out = self._run(layer.feed_forward, self.residual.read(state, 2 * i + 1), token_mask)
+            out = run_checkpointed(self, layer.feed_forward, self.residual.read(state, 2 * i + 1), token_mask)
             state = self.residual.write(state, 2 * i + 1, out)
         h = self.norm(self.residual.end(state))
         if hidden_states is not None:
@@ -254,10 +253,6 @@ class KimiTextModel(KimiTextPreTrainedModel):
             return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:].to(device)
         return torch.arange(past, past + T, device=device)[None]
 
-    def _run(self, fn, *args):
-        if self.gradient_checkpointing and self.training:
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
 
     def cache_bytes_per_token(self, num_tokens: int, dtype: torch.dtype | None = None) -> float:
         """Inference-cache bytes per token of one sequence of `num_tokens` tokens: KDA layers hold a fixed fp32

@@ -37,7 +37,9 @@ class TopKRouter(nn.Module):
 
     In training forwards it adds the experts chosen for each token to `expert_load`; `counted [N]` (bool) limits
     that count to the real tokens (padding is routed like any token but must not steer the balancing: ranks pad
-    differently, so counting it would make the bias update depend on how the batch is split)."""
+    differently, so counting it would make the bias update depend on how the batch is split). Under activation
+    checkpointing the backward pass recomputes the forward and counts each token again: every count doubles, which
+    leaves what uses them unchanged (the bias moves by the sign of mean load - load; the metric is max / mean)."""
 
     def __init__(self, config: KimiTextConfig) -> None:
         super().__init__()

@@ -52,6 +52,9 @@ from .configuration import MoonViTConfig
 Rope = tuple[torch.Tensor, torch.Tensor]
 """`(sin, cos)`, each `[total_tokens, 1, head_dim]` fp32."""
 
+_checkpoint = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
+"""Activation checkpointing when `gradient_checkpointing` is set by hand, not by `activation_checkpointing_enable`."""
+
 
 @dataclass
 class PackLayout:
@@ -315,7 +318,8 @@ class MoonViTModel(MoonViTPreTrainedModel):
         rope = self.rotary_emb(layout)
         for layer in self.layers:
             if self.gradient_checkpointing and self.training:
-                x = torch.utils.checkpoint.checkpoint(layer, x, layout.cu_seqlens, rope, use_reentrant=False)
+                checkpoint = getattr(self, "_gradient_checkpointing_func", _checkpoint)  # as the enable call set it
+                x = checkpoint(layer, x, layout.cu_seqlens, rope)
             else:
                 x = layer(x, layout.cu_seqlens, rope)
         x = self.final_layernorm(x)

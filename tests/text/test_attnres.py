@@ -91,6 +91,30 @@ def test_two_phase_equals_direct_with_random_queries(block):
         assert (a - b).abs().max() < 1e-6 * max(1.0, b.abs().max().item())
 
 
+@pytest.mark.parametrize("block", [1, 3, DEPTH])
+def test_activation_checkpointing_recomputes_the_depth_mixing_with_the_same_gradients(block):
+    """Under activation checkpointing each block's phase 1 and each sublayer's phase 2 run through the checkpoint
+    function (recomputed in the backward pass, from the sources as they were: later blocks append to the lists),
+    and every gradient, the queries' included, is the one without it, bit for bit."""
+    model = _with_residual("block_attnres", block).train()
+    _randomise_queries(model)
+    ids = torch.randint(3, 61, (2, 19))
+    model(ids, labels=ids, use_cache=False).loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad(set_to_none=True)
+    model.activation_checkpointing_enable()
+    res = model.model.residual
+    enabled, calls = res._gradient_checkpointing_func, []
+    res._gradient_checkpointing_func = lambda fn, *a: calls.append(fn.__name__) or enabled(fn, *a)
+    model(ids, labels=ids, use_cache=False).loss.backward()
+    blocks = len(range(0, DEPTH, block))
+    assert calls.count("_phase1") == blocks - (block == 1) and calls.count("_phase2") == DEPTH - 1
+    assert {n for n, p in model.named_parameters() if p.grad is not None} == set(ref)
+    for n, p in model.named_parameters():
+        if n in ref:
+            assert torch.equal(p.grad, ref[n]), n
+
+
 def test_depth_mixing_of_token_t_ignores_token_t_plus_1():
     res = AttnResidual(16, 6, 2)
     _randomise_queries(torch.nn.ModuleDict({"residual": res}))

@@ -239,7 +239,10 @@ def test_hidden_states_and_gradient_checkpointing():
     model.zero_grad()
     model.activation_checkpointing_enable()
     assert model.model.gradient_checkpointing
+    enabled, calls = model.model._gradient_checkpointing_func, []  # the enable call's function runs each sublayer
+    model.model._gradient_checkpointing_func = lambda fn, *a: calls.append(fn) or enabled(fn, *a)
     model(ids, labels=ids).loss.backward()
+    assert calls == [m for layer in model.model.layers for m in (layer.attention, layer.feed_forward)]
     for n, p in model.named_parameters():
         if n in ref:
             assert torch.allclose(p.grad, ref[n], atol=1e-6), n

@@ -1,6 +1,6 @@
-"""Distributed MuonClip on 2 CPU processes (gloo): FSDP2 (`fully_shard`, DTensor parameters, distributed Muon) and
-DDP with gradient accumulation each give the parameters of one process on the same global batch, and the QK-Clip
-max logits are the global ones (MAX over micro-batches and ranks).
+"""Distributed MuonClip on 2 CPU processes (gloo): FSDP2 (`fully_shard`, DTensor parameters, distributed Muon;
+with activation checkpointing) and DDP with gradient accumulation each give the parameters of one process on the
+same global batch, and the QK-Clip max logits are the global ones (MAX over micro-batches and ranks).
 
 The model is the tiny early-fusion model (MoonViT + KDA/MLA/MoE backbone): stacked experts, MLA QK-Clip and
 vision (MHA) QK-Clip are all exercised, with tau low enough that heads are clipped in most steps.
@@ -123,6 +123,7 @@ def _worker(rank: int, port: int, out: str) -> None:
         for mode in MODES:
             model = _model()
             if mode == "fsdp2":
+                model.activation_checkpointing_enable()  # as the trainer does before wrapping: the same numbers
                 mesh = init_device_mesh("cpu", (WORLD,))
                 # Decoder layers run through their `attention` / `feed_forward` methods, not `forward`, so the
                 # FSDP units are their mixer and FFN modules (norms and embeddings fall to the root unit).

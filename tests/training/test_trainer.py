@@ -4,6 +4,7 @@ SIGTERM."""
 import json
 import os
 import signal
+from collections import Counter
 from dataclasses import dataclass
 
 import pytest
@@ -113,6 +114,32 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
         assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["max_logits"] == b["max_logits"]
     for (name, p), q in zip(resumed.raw_model.named_parameters(), tiny_lm().parameters()):
         assert p.shape == q.shape, name
+
+
+def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_numbers(tmp_path, monkeypatch):
+    """`activation_checkpointing=True`: every token mixer and feed-forward runs through `torch.utils.checkpoint`
+    in every forward (two sublayers per layer), and on the CPU the run's losses, gradient norms, max logits, expert
+    loads and weights equal the run's without it, bit for bit."""
+    import transformers.modeling_utils
+
+    off = Trainer(tiny_lm(), CountingData(), cfg(), tmp_path / "off")
+    off.train()
+    real, calls = transformers.modeling_utils.checkpoint, []
+    monkeypatch.setattr(transformers.modeling_utils, "checkpoint",
+                        lambda fn, *a, **k: calls.append(fn) or real(fn, *a, **k))
+    on = Trainer(tiny_lm(), CountingData(), cfg(activation_checkpointing=True), tmp_path / "on")
+    on.train()
+    # per step: every sublayer (4 layers x 2), and Block AttnRes's depth mixing: phase 1 per block (sublayers 1-5,
+    # 6-7), phase 2 per reading sublayer (1-7)
+    assert Counter(fn.__name__ for fn in calls) == {"attention": 8 * 4, "feed_forward": 8 * 4, "_phase1": 8 * 2,
+                                                    "_phase2": 8 * 7}
+    keys = ("loss", "grad_norm", "max_logits", "expert_load")
+    assert [[m[k] for k in keys] for m in read_metrics(tmp_path / "on" / "metrics.jsonl")] == \
+        [[m[k] for k in keys] for m in read_metrics(tmp_path / "off" / "metrics.jsonl")]
+    for (name, a), b in zip(on.raw_model.state_dict().items(), off.raw_model.state_dict().values()):
+        assert torch.equal(a, b), name
+    with pytest.raises(ConfigError, match="activation_checkpointing: Linear does not support it"):
+        Trainer(torch.nn.Linear(2, 2), CountingData(), cfg(activation_checkpointing=True), tmp_path / "linear")
 
 
 def test_interrupted_checkpoint_write_never_loads(tmp_path, monkeypatch):
