@@ -25,7 +25,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Iterator
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -41,6 +41,7 @@ from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .muonclip import MuonClip
 from .router_balancing import RouterBalancing
 from .stop import StopOnSignal, any_rank
+from .trackers import check_installed, hyperparameters, parse_report_to, scalars
 
 DATA_ERRORS = "data_errors.jsonl"
 
@@ -90,6 +91,9 @@ class TrainConfig:
         activation_checkpointing: keep only each layer's input in the forward pass and recompute the layer in the
             backward pass (every token mixer and feed-forward of the language model, every vision block): less
             memory for about one more forward's time; the same numbers.
+        report_to: experiment trackers that also get every step's metrics, comma-separated: tensorboard, wandb,
+            mlflow, trackio, ... (accelerate's; each needs its package; local ones write under OUT/trackers; none:
+            only metrics.jsonl and the plots).
     """
 
     steps: int = 1000
@@ -114,8 +118,10 @@ class TrainConfig:
     progress: bool = True
     max_minutes: float | None = None
     activation_checkpointing: bool = False
+    report_to: str | None = None
 
     def __post_init__(self) -> None:
+        check_installed(parse_report_to(self.report_to))  # before a stage builds its data
         if self.steps < 1 or self.grad_accum < 1:
             raise ConfigError(f"steps and grad_accum must be >= 1 (got {self.steps}, {self.grad_accum}).")
         if self.optimizer not in ("muonclip", "adamw"):
@@ -255,8 +261,10 @@ class Trainer:
         if AcceleratorState._shared_state and AcceleratorState().mixed_precision != precision:
             AcceleratorState._reset_state()
         # find_unused_parameters: a rank whose batch holds no image or video leaves the vision tower without gradients
+        self.trackers = parse_report_to(cfg.report_to)
         self.accelerator = Accelerator(mixed_precision=precision, cpu=not torch.cuda.is_available(),
-                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)])
+                                       kwargs_handlers=[DistributedDataParallelKwargs(find_unused_parameters=True)],
+                                       log_with=self.trackers or None, project_dir=self.out_dir / "trackers")
         if cfg.activation_checkpointing:
             if not getattr(model, "supports_gradient_checkpointing", False):
                 raise ConfigError(f"activation_checkpointing: {type(model).__name__} does not support it (no "
@@ -286,7 +294,7 @@ class Trainer:
                            enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
         started = time.monotonic()
-        with StopOnSignal(announce=self.accelerator.is_main_process) as stop:
+        with StopOnSignal(announce=self.accelerator.is_main_process) as stop, self._tracking():
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
                 out = self.training_step.backward(self)
@@ -383,10 +391,25 @@ class Trainer:
         self.model.train()
         return sum(losses) / len(losses)
 
+    @contextmanager
+    def _tracking(self) -> Iterator[None]:
+        """The `report_to` trackers' run, from the loop's start to its end however it ends (their files flushed)."""
+        if not self.trackers:
+            yield
+            return
+        self.accelerator.init_trackers("kimi-vl", config=hyperparameters(self.cfg),
+                                       init_kwargs={"wandb": {"name": f"{self.out_dir.name} ({self.desc})"}})
+        try:
+            yield
+        finally:
+            self.accelerator.end_training()
+
     # -- state ----------------------------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:
         if self.accelerator.is_main_process:
             append_jsonl(self.metrics_path, [record])
+        if self.trackers:
+            self.accelerator.log(scalars(record), step=record["step"])
 
     def _log_errors(self, records: list[dict[str, Any]]) -> None:
         if records and self.accelerator.is_main_process:

@@ -142,6 +142,32 @@ def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_number
         Trainer(torch.nn.Linear(2, 2), CountingData(), cfg(activation_checkpointing=True), tmp_path / "linear")
 
 
+def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
+    """`report_to="tensorboard"`: every metric of every step, nested ones as `key/subkey`, at its step (TensorBoard
+    stores float32), the run's settings as hyperparameters; an unknown or uninstalled tracker is a ConfigError."""
+    import accelerate.tracking
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    Trainer(tiny_lm(), CountingData(), cfg(steps=4, report_to="tensorboard"), tmp_path,
+            val_data=CountingData(seed=1)).train()
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    (events,) = (tmp_path / "trackers" / "kimi-vl").glob("events.out.tfevents.*")
+    board = EventAccumulator(str(events))
+    board.Reload()
+    for key in ("loss", "lr", "grad_norm", "max_logits/model.layers.3.self_attn", "expert_load/model.layers.1.mlp.gate"):
+        name, _, sub = key.partition("/")
+        logged = [(e.step, e.value) for e in board.Scalars(key)]
+        assert logged == [(m["step"], pytest.approx(m[name][sub] if sub else m[name], rel=1e-6)) for m in metrics]
+    assert [(e.step, e.value) for e in board.Scalars("val_loss")] == [(4, pytest.approx(metrics[-1]["val_loss"]))]
+    assert "step" not in board.Tags()["scalars"]
+    assert "lr: 0.01" in next((tmp_path / "trackers" / "kimi-vl").glob("*/hparams.yml")).read_text()
+    with pytest.raises(ConfigError, match=r"unknown tracker\(s\) \['tensorbored'\]; choose from tensorboard, wandb"):
+        cfg(report_to="tensorboard,tensorbored")
+    monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
+    with pytest.raises(ConfigError, match=r"report_to: comet_ml is not installed; `pip install comet-ml`"):
+        cfg(report_to="comet_ml")
+
+
 def test_interrupted_checkpoint_write_never_loads(tmp_path, monkeypatch):
     model = tiny_lm()
     trainer = Trainer(model, CountingData(), cfg(steps=2, checkpoint_every=100), tmp_path)
