@@ -2,13 +2,13 @@
 two threads?
 
 Each round runs `kimi-vl train pretrain` (the `tiny` preset, `--steps` steps from scratch, fresh output folder) four
-ways, one after the other: one process with 2 torch threads and the preset's 4 x 256-token batch (the quickstart);
-`torchrun --nproc_per_node 2` with 1 thread per process and 2 rows each (the same 1024 tokens a step, gradients
-averaged by DDP over gloo); one process with 1 thread and 2 rows (what each DDP rank computes, without the other
-rank or the all-reduce: the ceiling of the DDP side); and two such processes at once, independent (what the two
-ranks cost each other by sharing the machine, without DDP's synchronisation). Prints each side's seconds per step
-(a round's figure is the median of its steps after `--warmup`, from `metrics.jsonl`; then median [min, max] over
-the rounds) and the DDP side's ratio to the quickstart's (per round, median [min, max]).
+ways, one after the other: one process with 2 torch threads and the preset's batch (the quickstart's 8 x 256
+tokens); `torchrun --nproc_per_node 2` with 1 thread per process and half the rows each (the same tokens a step,
+gradients averaged by DDP over gloo); one process with 1 thread and half the rows (what each DDP rank computes,
+without the other rank or the all-reduce: the ceiling of the DDP side); and two such processes at once, independent
+(what the two ranks cost each other by sharing the machine, without DDP's synchronisation). Prints each side's
+seconds per step (a round's figure is the median of its steps after `--warmup`, from `metrics.jsonl`; then median
+[min, max] over the rounds) and the DDP side's ratio to the quickstart's (per round, median [min, max]).
 
     python bench/cpu_processes.py --rounds 3 --steps 60
     python bench/cpu_processes.py --rounds 3 --steps 60 --drill-batches 0   # the mixture after the letter drill
@@ -30,11 +30,15 @@ from pathlib import Path
 
 from common import spread  # this script's folder: bench/
 
+from kimi_vl.training.presets import get_preset
+
+ROWS = get_preset("tiny").data["pretrain"].rows  # the quickstart's rows per step; each DDP rank takes half
+HALF = ROWS // 2
 SIDES = {  # name: (how the processes run, threads per process, rows per process)
-    "1 process x 2 threads, 4 rows": ("alone", 2, 4),
-    "DDP: 2 processes x 1 thread, 2 rows each": ("ddp", 1, 2),
-    "1 process x 1 thread, 2 rows (one rank alone)": ("alone", 1, 2),
-    "2 independent processes x 1 thread, 2 rows each (no DDP)": ("pair", 1, 2),
+    f"1 process x 2 threads, {ROWS} rows": ("alone", 2, ROWS),
+    f"DDP: 2 processes x 1 thread, {HALF} rows each": ("ddp", 1, HALF),
+    f"1 process x 1 thread, {HALF} rows (one rank alone)": ("alone", 1, HALF),
+    f"2 independent processes x 1 thread, {HALF} rows each (no DDP)": ("pair", 1, HALF),
 }
 
 

@@ -5,7 +5,7 @@ copy), then encode+pack throughput against the training step's throughput, in on
    `--dir` (kept between runs), and a text-only copy of the first 100,000 rows.
 2. Builds each file's index in a fresh process with an empty index cache: rows/s and the peak resident memory it
    adds (`ru_maxrss` minus the resident set after imports).
-3. encode+pack tokens/s of the `tiny` preset's packed batches (4 x 256 tokens, 64-patch images) from the JSONL, with
+3. encode+pack tokens/s of the `tiny` preset's packed batches (8 x 256 tokens, 64-patch images) from the JSONL, with
    images and text-only, with 0, 1 and 2 data-loader workers (steady state, from the first batch on; interleaved
    rounds, median and spread), against the
    tokens/s of a `tiny` training step (forward, backward, MuonClip) and of a `small`-shape step (hidden 768, 16

@@ -397,8 +397,13 @@ class Trainer:
         if not self.trackers:
             yield
             return
-        self.accelerator.init_trackers("kimi-vl", config=hyperparameters(self.cfg),
-                                       init_kwargs={"wandb": {"name": f"{self.out_dir.name} ({self.desc})"}})
+        try:
+            self.accelerator.init_trackers("kimi-vl", config=hyperparameters(self.cfg),
+                                           init_kwargs={"wandb": {"name": f"{self.out_dir.name} ({self.desc})"}})
+        except Exception as e:  # a tracker's own failure (no login, no server): say which, not its traceback
+            raise ConfigError(f"report_to: starting {', '.join(self.trackers)} failed ({type(e).__name__}: {e}); fix "
+                              "its setup (e.g. `wandb login`, a tracking server's URI) or drop it from --report-to.") \
+                from e
         try:
             yield
         finally:

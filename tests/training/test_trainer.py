@@ -163,6 +163,12 @@ def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
     assert "lr: 0.01" in next((tmp_path / "trackers" / "kimi-vl").glob("*/hparams.yml")).read_text()
     with pytest.raises(ConfigError, match=r"unknown tracker\(s\) \['tensorbored'\]; choose from tensorboard, wandb"):
         cfg(report_to="tensorboard,tensorbored")
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no server")
+
+    monkeypatch.setattr(accelerate.tracking.TensorBoardTracker, "start", refuse)
+    with pytest.raises(ConfigError, match=r"starting tensorboard failed \(RuntimeError: no server\)"):
+        Trainer(tiny_lm(), CountingData(), cfg(report_to="tensorboard"), tmp_path / "y").train()
     monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
     with pytest.raises(ConfigError, match=r"report_to: comet_ml is not installed; `pip install comet-ml`"):
         cfg(report_to="comet_ml")
