@@ -253,7 +253,6 @@ class KimiTextModel(KimiTextPreTrainedModel):
             return (attention_mask.long().cumsum(-1) - 1).clamp_min(0)[:, -T:].to(device)
         return torch.arange(past, past + T, device=device)[None]
 
-
     def cache_bytes_per_token(self, num_tokens: int, dtype: torch.dtype | None = None) -> float:
         """Inference-cache bytes per token of one sequence of `num_tokens` tokens: KDA layers hold a fixed fp32
         state and conv tail (amortised over the tokens), MLA layers `kv_lora_rank + qk_rope_head_dim` values per

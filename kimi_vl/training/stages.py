@@ -120,8 +120,7 @@ def stage_complete(path: str | Path) -> bool:
 
 RUN_ONLY_SETTINGS = frozenset({"progress", "num_workers", "checkpoint_every", "keep_checkpoints", "val_every",
                                "val_batches", "nan_patience", "strict", "max_bad_in_a_row", "allow_data_change",
-                               "max_minutes", "activation_checkpointing",
-                               "report_to"})
+                               "max_minutes", "activation_checkpointing", "report_to"})
 """Settings that change how a run goes (its reports, checkpoints, loader processes, failure policy), not what it
 trains: a finished stage asked again with other values of these is the same run."""
 

@@ -89,8 +89,8 @@ class TrainConfig:
         max_minutes: stop with a checkpoint once this many minutes of training have passed in this process (a
             cluster job's time limit; none: no limit); rerunning the command resumes there and counts afresh.
         activation_checkpointing: keep only each layer's input in the forward pass and recompute the layer in the
-            backward pass (every token mixer and feed-forward of the language model, every vision block): less
-            memory for about one more forward's time; the same numbers.
+            backward pass (every token mixer and feed-forward of the language model, Block AttnRes's depth mixing,
+            every vision block): less memory for about one more forward's time; the same numbers.
         report_to: experiment trackers that also get every step's metrics, comma-separated: tensorboard, wandb,
             mlflow, trackio, ... (accelerate's; each needs its package; local ones write under OUT/trackers; none:
             only metrics.jsonl and the plots).
