@@ -223,14 +223,15 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module, opt
     _fsync(root)
     if keep is not None:
         found = list_checkpoints(root)
-        older = [p for p in found if _step_of(p) < step]
-        stale = older[: max(len(older) - (keep - 1), 0)] + [p for p in found if _step_of(p) > step]
+        older = [p for p in found if checkpoint_step(p) < step]
+        stale = older[: max(len(older) - (keep - 1), 0)] + [p for p in found if checkpoint_step(p) > step]
         for old in stale:
             shutil.rmtree(old, ignore_errors=True)
     return final
 
 
-def _step_of(path: Path) -> int:
+def checkpoint_step(path: Path) -> int:
+    """The step of a `step_XXXXXXXX` checkpoint directory."""
     return int(_STEP_DIR.fullmatch(path.name).group(1))
 
 
@@ -241,7 +242,7 @@ def list_checkpoints(root: str | os.PathLike) -> list[Path]:
     if not root.is_dir():
         return []
     found = [p for p in root.iterdir() if p.is_dir() and _STEP_DIR.fullmatch(p.name)]
-    return sorted(found, key=_step_of)
+    return sorted(found, key=checkpoint_step)
 
 
 def latest_checkpoint(root: str | os.PathLike) -> Path | None:

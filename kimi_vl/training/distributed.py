@@ -65,6 +65,17 @@ def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def gather_ints(value: int, device: torch.device | str = "cpu") -> list[int]:
+    """Every rank's `value`, by rank (`[value]` without a process group). `device`: where the process group's
+    tensors live (CUDA for NCCL)."""
+    if get_world_size() == 1:
+        return [value]
+    mine = torch.tensor([value], dtype=torch.long, device=device)
+    values = [torch.zeros_like(mine) for _ in range(get_world_size())]
+    dist.all_gather(values, mine)
+    return [int(v.item()) for v in values]
+
+
 def shard_like(full: torch.Tensor, like: DTensor) -> DTensor:
     """The DTensor with `like`'s mesh and placements whose global value is `full` (identical on every rank).
 

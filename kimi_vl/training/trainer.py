@@ -35,9 +35,10 @@ from torch import nn
 
 from ..data.loader import batches
 from ..data.mixture import fingerprint_changes
-from ..errors import ConfigError, DataError, TrainingDivergedError, TrainingInterrupted
+from ..errors import CheckpointError, ConfigError, DataError, TrainingDivergedError, TrainingInterrupted
 from ..progress import progress_bar
-from .checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint
+from .distributed import gather_ints
 from .muonclip import MuonClip
 from .router_balancing import RouterBalancing
 from .stop import StopOnSignal, any_rank
@@ -431,6 +432,7 @@ class Trainer:
 
     def _resume(self) -> None:
         path = latest_checkpoint(self.state_dir)
+        self._same_checkpoint_on_every_rank(path)
         if path is None:
             if self.accelerator.is_main_process:  # a fresh run: no stale curve from an earlier attempt
                 rewind_metrics(self.metrics_path, 0)
@@ -448,6 +450,18 @@ class Trainer:
         if self.accelerator.is_main_process:
             rewind_metrics(self.metrics_path, self.step)
             rewind_metrics(self.errors_path, self.step)
+
+
+    def _same_checkpoint_on_every_rank(self, path: Path | None) -> None:
+        """`CheckpointError` on every rank unless all resume from the same step: ranks that see different `state/`
+        folders (an --out on each machine's own disk) would otherwise train on, each from its own step, data and
+        optimizer state."""
+        steps = gather_ints(checkpoint_step(path) if path is not None else 0, self.accelerator.device)
+        if len(set(steps)) > 1:
+            found = ", ".join(f"rank {r}: {f'step {s}' if s else 'none'}" for r, s in enumerate(steps))
+            raise CheckpointError(
+                f"the ranks found different checkpoints in {self.state_dir} ({found}): every rank must read the same "
+                "--out folder, written by rank 0; on several machines put it on a filesystem they all mount.")
 
 
 def check_data(saved: dict[str, Any] | None, current: dict[str, Any] | None, allow_change: bool,

@@ -114,11 +114,12 @@ def _worker(rank: int, port: int, out: str) -> None:
     from torch.distributed.tensor import DTensor
     from torch.nn.parallel import DistributedDataParallel
 
-    from kimi_vl.training.distributed import get_world_size, init_distributed, is_main_process
+    from kimi_vl.training.distributed import gather_ints, get_world_size, init_distributed, is_main_process
 
     try:
         assert init_distributed("gloo", timeout_s=60) == (rank, WORLD)
         assert get_world_size() == WORLD and is_main_process() == (rank == 0)
+        assert gather_ints(7 * rank) == [0, 7]  # by rank, on every rank
         half = GLOBAL_BATCH // WORLD
         for mode in MODES:
             model = _model()

@@ -174,6 +174,23 @@ def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
         cfg(report_to="comet_ml")
 
 
+def test_ranks_that_see_different_checkpoints_stop(tmp_path, monkeypatch):
+    """A rank whose --out shows another checkpoint than rank 0's (a folder on each machine's own disk) stops the run
+    with CheckpointError on every rank, rather than each rank training on from its own step."""
+    import kimi_vl.training.trainer as trainer_module
+
+    Trainer(tiny_lm(), CountingData(), cfg(steps=4), tmp_path).train()  # a checkpoint at step 4
+    seen = []
+    monkeypatch.setattr(trainer_module, "gather_ints", lambda step, device: seen.append(step) or [step, 0])
+    with pytest.raises(CheckpointError, match=r"different checkpoints in .*state \(rank 0: step 4, rank 1: none\): "
+                                              r"every rank must read the same --out folder"):
+        Trainer(tiny_lm(), CountingData(), cfg(steps=8), tmp_path).train()
+    assert seen == [4]
+    monkeypatch.setattr(trainer_module, "gather_ints", lambda step, device: [step, step])
+    Trainer(tiny_lm(), CountingData(), cfg(steps=8), tmp_path).train()  # agreeing ranks resume
+    assert [m["step"] for m in read_metrics(tmp_path / "metrics.jsonl")] == list(range(1, 9))
+
+
 def test_interrupted_checkpoint_write_never_loads(tmp_path, monkeypatch):
     model = tiny_lm()
     trainer = Trainer(model, CountingData(), cfg(steps=2, checkpoint_every=100), tmp_path)
