@@ -7,8 +7,8 @@ stage (`torch.cuda.max_memory_allocated`). The `small` preset is the single-GPU 
 this is how we know it fits and how fast it steps.
 
 Run: `python bench/gpu_train.py [--preset small] [--steps 30] [--sft-steps 10] [--rl-steps 2] [--tokenizer DIR]
-[--out runs/gpu_train]` (a prebuilt tokenizer skips the preset's tokenizer training; RL's `--k`,
-`--prompts-per-family` and `--max-new-tokens` default to a short rollout batch, not the preset's).
+[--out runs/gpu_train] [--activation-checkpointing]` (a prebuilt tokenizer skips the preset's tokenizer training;
+RL's `--k`, `--prompts-per-family` and `--max-new-tokens` default to a short rollout batch, not the preset's).
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def main() -> int:
     ap.add_argument("--skip", type=int, default=3, help="first steps left out of the step time")
     ap.add_argument("--tokenizer", default=None)
     ap.add_argument("--out", default="runs/gpu_train")
+    ap.add_argument("--activation-checkpointing", action="store_true",
+                    help="train every stage with it (peak memory against a run without)")
     args = ap.parse_args()
 
     import torch
@@ -64,7 +66,8 @@ def main() -> int:
         return 2
     print(f"device {torch.cuda.get_device_name()}, torch {torch.__version__}, preset {args.preset}", flush=True)
     root = Path(args.out)
-    common = ["--preset", args.preset, "--no-progress", "--checkpoint-every", "100000"]
+    common = ["--preset", args.preset, "--no-progress", "--checkpoint-every", "100000",
+              *(["--activation-checkpointing"] if args.activation_checkpointing else [])]
     stages = [("pretrain", args.steps, ["--tokenizer", args.tokenizer] if args.tokenizer else []),
               ("sft", args.sft_steps, ["--from", str(root / "pretrain")]),
               ("rl", args.rl_steps, ["--from", str(root / "sft"), "--k", str(args.k), "--prompts-per-family",
