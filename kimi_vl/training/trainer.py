@@ -407,8 +407,10 @@ class Trainer:
                 from e
         try:
             yield
-        finally:
-            self.accelerator.end_training()
+        finally:  # not `end_training()`: it also destroys the process group, which the stage and command still use
+            for tracker in self.accelerator.trackers:
+                tracker.finish()
+            self.accelerator.trackers = []
 
     # -- state ----------------------------------------------------------------------------------------------------
     def _log(self, record: dict[str, Any]) -> None:

@@ -221,8 +221,11 @@ def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     other = rf"a stop signal or time limit on another rank: stopped after step {step} of 6"
     assert re.search(other, stderr), stderr[-3000:]
     assert proc.returncode != 0 and [c.name for c in (two / "state").iterdir()] == [f"step_{step:08d}"]
-    stdout = torchrun(_command(two, root, p, *steps, "--grad-accum", "1", "--checkpoint-every", "100"), _env())
+    # the rerun reports to TensorBoard too: its trackers end without ending the process group the command uses
+    stdout = torchrun(_command(two, root, p, *steps, "--grad-accum", "1", "--checkpoint-every", "100",
+                               "--report-to", "tensorboard"), _env())
     assert re.fullmatch(rf"wrote {two} \(6 steps, final loss [^\n]*\)\n", stdout), stdout  # rank 0's line alone
+    assert len(list((two / "trackers").rglob("events.out.tfevents.*"))) == 2  # rank 0's: scalars, hyperparameters
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     for x, y in zip(a, b):
