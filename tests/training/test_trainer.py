@@ -117,9 +117,9 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
 
 
 def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_numbers(tmp_path, monkeypatch):
-    """`activation_checkpointing=True`: every token mixer and feed-forward runs through `torch.utils.checkpoint`
-    in every forward (two sublayers per layer), and on the CPU the run's losses, gradient norms, max logits, expert
-    loads and weights equal the run's without it, bit for bit."""
+    """`activation_checkpointing=True`: every token mixer and feed-forward, and Block AttnRes's depth mixing, run
+    through `torch.utils.checkpoint` in every forward, and on the CPU the run's losses, gradient norms, max logits,
+    expert loads and weights equal the run's without it, bit for bit."""
     import transformers.modeling_utils
 
     off = Trainer(tiny_lm(), CountingData(), cfg(), tmp_path / "off")
@@ -144,7 +144,8 @@ def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_number
 
 def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
     """`report_to="tensorboard"`: every metric of every step, nested ones as `key/subkey`, at its step (TensorBoard
-    stores float32), the run's settings as hyperparameters; an unknown or uninstalled tracker is a ConfigError."""
+    stores float32), the run's settings as hyperparameters; an unknown or uninstalled tracker, or one that fails to
+    start, is a ConfigError."""
     import accelerate.tracking
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -163,6 +164,7 @@ def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
     assert "lr: 0.01" in next((tmp_path / "trackers" / "kimi-vl").glob("*/hparams.yml")).read_text()
     with pytest.raises(ConfigError, match=r"unknown tracker\(s\) \['tensorbored'\]; choose from tensorboard, wandb"):
         cfg(report_to="tensorboard,tensorbored")
+
     def refuse(*args, **kwargs):
         raise RuntimeError("no server")
 
