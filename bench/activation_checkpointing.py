@@ -12,10 +12,9 @@ each round and the ratios (with / without) as median [min, max].
 from __future__ import annotations
 
 import argparse
-import statistics
 
 import torch
-from common import TINY_TEXT, median_time, peak_rss_mib, run_isolated
+from common import TINY_TEXT, median_time, peak_rss_mib, run_isolated, spread
 
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 
@@ -57,12 +56,8 @@ def main() -> None:
               f"with {on['time']:.2f} s, peak +{on['peak']:.0f} MiB; same gradients: {on['grad'] == off['grad']}")
         for k in ratios:
             ratios[k].append(on[k] / off[k])
-
-    def summary(k: str) -> str:
-        return f"{statistics.median(ratios[k]):.2f}x [{min(ratios[k]):.2f}, {max(ratios[k]):.2f}]"
-
     print(f"RATIO with / without activation checkpointing ({args.batch} x {args.seq} tokens, median [min, max] over "
-          f"{args.rounds} rounds): step time {summary('time')}, peak memory {summary('peak')}")
+          f"{args.rounds} rounds): step time {spread(ratios['time'], 'x')}, peak memory {spread(ratios['peak'], 'x')}")
 
 
 if __name__ == "__main__":

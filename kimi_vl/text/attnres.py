@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
+from ..activation_checkpointing import run_checkpointed
 from ..optim_contract import ADAMW
-from .residual import run_checkpointed
 
 
 @dataclass

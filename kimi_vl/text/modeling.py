@@ -9,6 +9,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
+from ..activation_checkpointing import run_checkpointed
 from ..errors import ConfigError, ShapeError
 from .attnres import AttnResidual
 from .cache import HybridCacheGenerationMixin, KimiHybridCache
@@ -17,7 +18,7 @@ from .kda import KimiDeltaAttention
 from .mla import MultiHeadLatentAttention
 from .moe import Experts, MoE, SwiGLU, TopKRouter
 from .norm import RMSNorm
-from .residual import StandardResidual, run_checkpointed
+from .residual import StandardResidual
 from .rope import RotaryEmbedding, packed_positions
 
 

@@ -37,13 +37,13 @@ from functools import partial
 
 import torch
 import torch.nn.functional as F
-import torch.utils.checkpoint
 from timm.layers import Mlp, apply_rot_embed, get_act_layer, resample_abs_pos_embed
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPooling
 
+from ..activation_checkpointing import run_checkpointed
 from ..errors import ShapeError
 from ..kernels import packed_attention, packed_max_logits
 from ..optim_contract import MaxLogitRecorder
@@ -51,9 +51,6 @@ from .configuration import MoonViTConfig
 
 Rope = tuple[torch.Tensor, torch.Tensor]
 """`(sin, cos)`, each `[total_tokens, 1, head_dim]` fp32."""
-
-_checkpoint = partial(torch.utils.checkpoint.checkpoint, use_reentrant=False)
-"""Activation checkpointing when `gradient_checkpointing` is set by hand, not by `activation_checkpointing_enable`."""
 
 
 @dataclass
@@ -317,10 +314,6 @@ class MoonViTModel(MoonViTPreTrainedModel):
         x = self.patch_embed(pixel_values, layout)
         rope = self.rotary_emb(layout)
         for layer in self.layers:
-            if self.gradient_checkpointing and self.training:
-                checkpoint = getattr(self, "_gradient_checkpointing_func", _checkpoint)  # as the enable call set it
-                x = checkpoint(layer, x, layout.cu_seqlens, rope)
-            else:
-                x = layer(x, layout.cu_seqlens, rope)
+            x = run_checkpointed(self, layer, x, layout.cu_seqlens, rope)
         x = self.final_layernorm(x)
         return BaseModelOutputWithPooling(last_hidden_state=x, pooler_output=self.merge(x, layout.chunks))
