@@ -33,8 +33,10 @@ class LogLines:
     """tqdm's interface as whole lines: `desc: n/total (p%), rate, elapsed, left | postfix`.
 
     A line is written when `interval` seconds have passed since the last one, when the count reaches `total`, when
-    the description changes (unless a line already showed this count: a loop that names its next item after
-    counting the last one writes one line, not two), and on `close` if the count moved since the last line."""
+    the description changes (at once if the count moved since the last line: a loop that names its next item after
+    counting the last one writes one line, not two; else with the next count: a loop that names its next item
+    before counting the last one writes the new name beside the new count), and on `close` if the count moved since
+    the last line."""
 
     def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, initial: int = 0,
                  desc: str = "", unit: str = "it", interval: float = LOG_INTERVAL, file: TextIO | None = None):
@@ -47,6 +49,7 @@ class LogLines:
         self.start = self.last = time.monotonic()
         self.initial = initial
         self.last_n: int | None = None  # the count the last line showed
+        self.last_desc = desc  # and its description
         self.closed = False
 
     def __iter__(self) -> Iterator:
@@ -64,7 +67,8 @@ class LogLines:
     def update(self, n: int = 1) -> None:
         self.n += n
         now = time.monotonic()
-        if now - self.last >= self.interval or (self.total is not None and self.n >= self.total):
+        if (now - self.last >= self.interval or (self.total is not None and self.n >= self.total)
+                or self.desc != self.last_desc):
             self._write(now)
 
     def set_postfix(self, **values: Any) -> None:
@@ -98,7 +102,7 @@ class LogLines:
 
     def _write(self, now: float) -> None:
         print(self.line(now), file=self.file or sys.stderr, flush=True)
-        self.last, self.last_n = now, self.n
+        self.last, self.last_n, self.last_desc = now, self.n, self.desc
 
 
 def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",

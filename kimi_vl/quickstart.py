@@ -23,6 +23,7 @@ from typing import Any
 
 from .demos.similarity import gap_closed
 from .errors import ConfigError
+from .eval.proxies import MATHVISTA_SYNTH_SIZE, MMLU_PRO_SYNTH_SIZE
 from .export import export_remote_code
 from .model_card import model_card
 from .progress import progress_bar
@@ -160,11 +161,12 @@ def card_evaluation(ev: dict[str, Any]) -> str:
                               "constant answer is the best single answer given to every item."])
 
 
-def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> None:
+def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> int:
     """Fail before any training on what would only fail (or mean nothing) after it: `scale` must be a positive
     number, `eval_limit` at least 1, and `data_dir` must hold both benchmarks' files (the evaluation reads them after
     the training stages). Raises `ConfigError` or `DataUnavailableError`. (A GPU preset without a CUDA device warns
-    when the first stage resolves its configuration: `warn_without_cuda`.)"""
+    when the first stage resolves its configuration: `warn_without_cuda`.) Returns the number of items the
+    evaluation of one checkpoint scores (both benchmarks, `eval_limit` applied)."""
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ConfigError(f"scale must be a positive number (e.g. 0.05 for a smoke run, 1 for the full run); got "
                           f"{scale!r}.")
@@ -175,8 +177,10 @@ def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir:
         from .eval.mathvista import load_mathvista
         from .eval.mmlu_pro import load_mmlu_pro
 
-        load_mmlu_pro(data_dir, validation=EvalConfig().num_shots > 0)
-        load_mathvista(data_dir)
+        sizes = [len(load_mmlu_pro(data_dir, validation=EvalConfig().num_shots > 0)[0]), len(load_mathvista(data_dir))]
+    else:
+        sizes = [MMLU_PRO_SYNTH_SIZE, MATHVISTA_SYNTH_SIZE]
+    return sum(n if eval_limit is None else min(n, eval_limit) for n in sizes)
 
 
 def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", data_dir: str | Path | None = None,
@@ -185,13 +189,16 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     (e.g. 0.05 for a smoke run); `eval_limit` caps the items per benchmark. The arguments are checked before any
     stage runs (`check_arguments`)."""
     p = get_preset(preset)
-    check_arguments(preset, scale, eval_limit, data_dir)
+    eval_items = check_arguments(preset, scale, eval_limit, data_dir)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     times = _done(out / "stage_times.json") or {}
-    bar = progress_bar(STAGES, desc="quickstart", enabled=progress, unit="stage")
-    for stage in bar:
-        bar.set_description(f"quickstart [{stage}]")
+    shares = stage_shares(scale, eval_items)
+    # Percent of the run's expected time; each line names the stage now running, after the count of those done.
+    bar = progress_bar(total=100, initial=sum(shares[s] for s in times if s in shares), desc="quickstart",
+                       enabled=progress, unit="%")
+    bar.set_description(f"quickstart [{next((s for s in STAGES if s not in times), STAGES[-1])}]")
+    for stage, following in zip(STAGES, [*STAGES[1:], "done"]):
         t0 = time.perf_counter()
         if stage == "pretrain":
             pretrain(out / "pretrain", preset=preset, steps=_scaled(p.stages["pretrain"].steps, scale), seed=seed,
@@ -211,9 +218,35 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
             write_report(out, times)
             for line in letter_lookup_warnings(_done(out / "eval" / "done.json") or {}):
                 warnings.warn(line, UserWarning, stacklevel=2)
-        times.setdefault(stage, time.perf_counter() - t0)
+        bar.set_description(f"quickstart [{following}]")
+        if stage not in times:
+            times[stage] = time.perf_counter() - t0
+            bar.update(shares[stage])
         (out / "stage_times.json").write_text(json.dumps(times, indent=1))
+    bar.close()
     return out / "REPORT.md"
+
+
+STAGE_SECONDS = {"pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
+"""Each stage's wall time in seconds in a default run (seed 0 on the 2-core AMD EPYC Zen 5 of docs/RESULTS.md,
+16.9 min), the weights of the run's progress line: counted as six equal stages, the line told a user that 72
+minutes were left when pre-training ended after 14, with 2.5 to go."""
+
+
+def stage_shares(scale: float, eval_items: int) -> dict[str, int]:
+    """Each stage's expected share of the run in whole percent, summing to 100 (at least 1 each): `STAGE_SECONDS`
+    with the training stages scaled by `scale` and the evaluation by the items it scores (`eval_items` per
+    checkpoint; the default run's proxies score 240)."""
+    seconds = {stage: s * (scale if stage in ("pretrain", "sft", "rl") else 1.0) for stage, s in STAGE_SECONDS.items()}
+    seconds["eval"] *= eval_items / (MMLU_PRO_SYNTH_SIZE + MATHVISTA_SYNTH_SIZE)
+    exact = {stage: 100 * s / sum(seconds.values()) for stage, s in seconds.items()}
+    shares = {stage: max(1, math.floor(x)) for stage, x in exact.items()}
+    by_remainder = sorted(exact, key=lambda stage: (shares[stage] - exact[stage], stage))
+    for i in range(100 - sum(shares.values())):  # largest remainders first; `max(1, ...)` may overshoot 100
+        shares[by_remainder[i % len(by_remainder)]] += 1
+    while sum(shares.values()) > 100:
+        shares[max(shares, key=shares.get)] -= 1
+    return shares
 
 
 def headline(out: Path) -> list[str]:

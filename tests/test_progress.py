@@ -60,6 +60,22 @@ def test_a_loop_that_names_its_next_item_writes_one_line_per_item(clock):
                                            "run [b]: 2/2 (100%), 60 s/it, 02:00 elapsed, 00:00 left"]
 
 
+def test_a_loop_that_names_its_next_item_before_counting_the_last_writes_them_together(clock):
+    """The quickstart's loop: the next stage's name, then the finished stage's count; each line shows both (not the
+    new name beside the old count), at once, however short the stage."""
+    out = io.StringIO()
+    bar = LogLines(total=100, desc="run", unit="%", interval=30, file=out)
+    bar.set_description("run [a]")
+    for following, share in (("b", 80), ("done", 20)):
+        clock.now += 5
+        bar.set_description(f"run [{following}]")
+        bar.update(share)
+    bar.close()
+    assert out.getvalue().splitlines() == ["run [a]: 0/100 (0%), 00:00 elapsed",
+                                           "run [b]: 80/100 (80%), 16 %/s, 00:05 elapsed, 00:01 left",
+                                           "run [done]: 100/100 (100%), 10 %/s, 00:10 elapsed, 00:00 left"]
+
+
 def test_iteration_resumed_count_and_no_total(clock):
     out = io.StringIO()
     seen = []

@@ -1,5 +1,6 @@
 """`kimi-vl quickstart` with a reduced step count: every artefact exists and loads, and a rerun resumes."""
 
+import io
 import json
 import re
 
@@ -294,3 +295,60 @@ def test_the_command_ends_with_the_runs_headline(tmp_path, monkeypatch, capsys):
         "mmlu_pro_synth after RL: 82.9% (chance 10.0%, constant answer 14.3%)",
         "video to website: the page closes 25% of the gap from a blank page to the true one",
         "wall time: 11.0 min"]
+
+
+def test_the_progress_line_weighs_each_stage_by_its_expected_time(tmp_path, monkeypatch):
+    """The run's progress line counts percent of the default run's time (`STAGE_SECONDS`), not stages: when
+    pre-training (most of the run) ends, the time left is the other stages' time (counted as six equal stages it
+    was five more pre-trainings); each line names the stage now running; a resumed run starts from the finished
+    stages' share."""
+    from kimi_vl import progress
+    from kimi_vl import quickstart as qs
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(qs.time, "perf_counter", lambda: clock[0])
+
+    def takes(stage):
+        def run(*args, **kwargs):
+            clock[0] += qs.STAGE_SECONDS[stage]
+        return run
+
+    for stage, name in [("pretrain", "pretrain"), ("sft", "sft"), ("rl", "rl"), ("eval", "run_eval"),
+                        ("demo", "run_demo"), ("report", "export_final")]:
+        monkeypatch.setattr(qs, name, takes(stage))
+    monkeypatch.setattr(qs, "write_report", lambda out, times: None)
+    log = io.StringIO()
+    monkeypatch.setattr(progress.sys, "stderr", log)  # a log file: whole lines
+    qs.quickstart(tmp_path / "qs")
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "quickstart [pretrain]: 0/100 (0%), 00:00 elapsed"
+    after_pretraining = next(line for line in lines if line.startswith("quickstart [sft]"))
+    minutes, seconds = re.search(r"(\d\d):(\d\d) left", after_pretraining).groups()
+    rest = sum(qs.STAGE_SECONDS.values()) - qs.STAGE_SECONDS["pretrain"]
+    assert abs(60 * int(minutes) + int(seconds) - rest) < 0.05 * rest, after_pretraining
+    assert lines[-1].startswith("quickstart [done]: 100/100 (100%)") and lines[-1].endswith("00:00 left")
+
+    log.seek(0), log.truncate()
+    times = json.loads((tmp_path / "qs" / "stage_times.json").read_text())
+    (tmp_path / "qs" / "stage_times.json").write_text(json.dumps({k: times[k] for k in ("pretrain", "sft")}))
+    qs.quickstart(tmp_path / "qs")
+    done = qs.stage_shares(1.0, 240)["pretrain"] + qs.stage_shares(1.0, 240)["sft"]
+    assert log.getvalue().splitlines()[0] == f"quickstart [rl]: {done}/100 ({done}%), 00:00 elapsed"
+
+
+@pytest.mark.parametrize("scale, eval_items", [(1.0, 240), (0.02, 8), (0.02, 240), (1.0, 13_000), (1e-6, 1)])
+def test_stage_shares_are_whole_percents_that_follow_the_expected_times(scale, eval_items):
+    """`stage_shares`: whole percents summing to 100, at least 1 each, within a point of `STAGE_SECONDS` with the
+    training stages scaled by `scale` and the evaluation by its items (240 in the default run); the largest stage
+    gives back what raising the others to 1% took."""
+    from kimi_vl.quickstart import STAGE_SECONDS, STAGES, stage_shares
+
+    shares = stage_shares(scale, eval_items)
+    assert list(shares) == list(STAGES) and sum(shares.values()) == 100 and min(shares.values()) >= 1
+    seconds = {s: t * (scale if s in ("pretrain", "sft", "rl") else eval_items / 240 if s == "eval" else 1)
+               for s, t in STAGE_SECONDS.items()}
+    largest = max(seconds, key=seconds.get)  # gives back what the stages raised to 1% take
+    for stage, share in shares.items():
+        exact = 100 * seconds[stage] / sum(seconds.values())
+        assert share == 1 or abs(share - exact) < (len(STAGES) if stage == largest else 1), (stage, share, exact)
