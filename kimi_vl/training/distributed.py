@@ -58,6 +58,19 @@ def init_distributed(backend: str | None = None, timeout_s: float = 1800.0) -> t
     return get_rank(), get_world_size()
 
 
+def collective_device() -> torch.device:
+    """Where the process group's tensors live: the current CUDA device under NCCL, else the CPU."""
+    if is_distributed() and dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier() -> None:
+    """Wait until every rank gets here (a no-op without a process group)."""
+    if get_world_size() > 1:
+        dist.barrier()
+
+
 def all_reduce_max(tensor: torch.Tensor) -> torch.Tensor:
     """Element-wise MAX over all ranks, in place (a no-op without a process group). Returns `tensor`."""
     if get_world_size() > 1:

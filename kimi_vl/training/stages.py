@@ -21,7 +21,6 @@ lr=1e-3, sources=["data.jsonl"])`) or a resolved `RunConfig` as `config=`.
 from __future__ import annotations
 
 import json
-import os
 import random
 import time
 from collections.abc import Sequence
@@ -44,6 +43,7 @@ from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
 from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
+from .distributed import barrier, collective_device, gather_ints, init_distributed, is_main_process
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset, warn_without_cuda
 from .rl import RLStep
@@ -125,11 +125,28 @@ RUN_ONLY_SETTINGS = frozenset({"progress", "num_workers", "checkpoint_every", "k
 trains: a finished stage asked again with other values of these is the same run."""
 
 
+def _complete_on_every_rank(out_dir: Path) -> bool:
+    """`stage_complete(out_dir)`, the same on every rank of a launcher's run (its process group starts here). Ranks
+    that disagree (an --out on each machine's own disk) raise `CheckpointError`, all of them: those that found the
+    stage finished would return, and the others wait for them in the training's first collective until the process
+    group's timeout."""
+    done = stage_complete(out_dir)
+    init_distributed()
+    seen = gather_ints(int(done), collective_device())
+    if len(set(seen)) > 1:
+        found = ", ".join(f"rank {r}: {'finished' if s else 'not finished'}" for r, s in enumerate(seen))
+        raise CheckpointError(f"the ranks see different states of {out_dir} ({found}): every rank must read the "
+                              "same --out folder, written by rank 0; on several machines put it on a filesystem they "
+                              "all mount.")
+    return done
+
+
 def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None) -> bool:
-    """Whether `out_dir` holds a finished run of `cfg` (from `from_dir`): then the stage returns it as it is, which
-    makes a rerun (the quickstart's resume) free. A finished run of other settings raises `ConfigError`: training it
-    again is not what a rerun does, and returning it would pass it off as the run asked for."""
-    if not stage_complete(out_dir):
+    """Whether `out_dir` holds a finished run of `cfg` (from `from_dir`), on every rank
+    (`_complete_on_every_rank`): then the stage returns it as it is, which makes a rerun (the quickstart's resume)
+    free. A finished run of other settings raises `ConfigError`: training it again is not what a rerun does, and
+    returning it would pass it off as the run asked for."""
+    if not _complete_on_every_rank(out_dir):
         return False
     saved_path = out_dir / RUN_CONFIG
     if not saved_path.is_file():  # written by a version that did not record it: nothing to compare
@@ -217,13 +234,15 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
 
 def _processor_for(out_dir: Path, cfg: RunConfig) -> KimiVLProcessor:
     """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer."""
-    if (out_dir / "tokenizer.json").is_file():
+    saved = (out_dir / "tokenizer.json").is_file()
+    barrier()  # every rank has looked before rank 0 writes: a rank reading a half-written file would fail alone
+    if saved:
         return KimiVLProcessor.from_pretrained(out_dir)
     texts = None
     if cfg.data.sources and not cfg.data.tokenizer:  # deterministic: every rank trains the same tokenizer
         texts = cfg.data.mixture(cfg.data.sources, cfg.seed, ("document", "chat")).texts(cfg.data.tokenizer_texts)
     processor = build_processor(cfg.data, texts, cfg.seed)
-    if int(os.environ.get("RANK", "0")) == 0:  # before the process group exists, the launcher's rank
+    if is_main_process():
         out_dir.mkdir(parents=True, exist_ok=True)
         processor.save_pretrained(out_dir)
     return processor

@@ -54,6 +54,23 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     assert (pretrained / "model.safetensors").stat().st_mtime == mtime
 
 
+@pytest.mark.parametrize("finished_here", [True, False])
+def test_ranks_that_see_a_stage_in_different_states_stop(pretrained, tmp_path, monkeypatch, finished_here):
+    """A stage that one rank sees finished and another does not (an --out on each machine's own disk) stops every
+    rank with CheckpointError, before any training: the ranks that found it finished would return while the others
+    waited for them in the training's first collective until the process group's timeout."""
+    import kimi_vl.training.stages as stages
+
+    out = pretrained if finished_here else tmp_path / "fresh"
+    seen = []
+    monkeypatch.setattr(stages, "gather_ints", lambda done, device: seen.append(done) or [done, 1 - done])
+    here, there = ("finished", "not finished") if finished_here else ("not finished", "finished")
+    with pytest.raises(CheckpointError, match=rf"different states of .*\(rank 0: {here}, rank 1: {there}\): every "
+                                              "rank must read the same --out folder"):
+        pretrain(out, steps=3, progress=False, val_batches=1)
+    assert seen == [int(finished_here)] and (finished_here or not out.exists())
+
+
 def test_sft_then_rl_and_rl_resume(pretrained, tmp_path, monkeypatch):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)
     assert read_summary(sft_dir)["from"] == str(pretrained.resolve())

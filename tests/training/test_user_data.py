@@ -206,7 +206,7 @@ def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
     documents and bad records at every step, the same losses up to float rounding; the two-process run is stopped
     on the way by a SIGTERM to rank 1 alone (both ranks stop after the same step, with one checkpoint of it) and
-    rerun."""
+    rerun; run once more, the finished stage is returned on both ranks."""
     root, p = data
     one, two = tmp_path / "one", tmp_path / "two"
     steps = ("--steps", "6")
@@ -226,6 +226,8 @@ def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
                                "--report-to", "tensorboard"), _env())
     assert re.fullmatch(rf"wrote {two} \(6 steps, final loss [^\n]*\)\n", stdout), stdout  # rank 0's line alone
     assert len(list((two / "trackers").rglob("events.out.tfevents.*"))) == 2  # rank 0's: scalars, hyperparameters
+    # finished: the ranks agree on it through the process group (as they would stop together if they did not)
+    assert torchrun(_command(two, root, p, *steps, "--grad-accum", "1"), _env()) == stdout
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2, 3, 4, 5, 6]
     for x, y in zip(a, b):
