@@ -230,7 +230,8 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
 STAGE_SECONDS = {"pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
 """Each stage's wall time in seconds in a default run (seed 0 on the 2-core AMD EPYC Zen 5 of docs/RESULTS.md,
 16.9 min), the weights of the run's progress line: counted as six equal stages, the line told a user that 72
-minutes were left when pre-training ended after 14, with 2.5 to go."""
+minutes were left when pre-training ended after 14, with 2.5 to go. Measured with the `tiny` preset; another
+preset's run is weighted alike (pre-training most of it there too), so its time left is a rougher guide."""
 
 
 def stage_shares(scale: float, eval_items: int) -> dict[str, int]:
