@@ -235,18 +235,15 @@ preset's run is weighted alike (pre-training most of it there too), so its time 
 
 
 def stage_shares(scale: float, eval_items: int) -> dict[str, int]:
-    """Each stage's expected share of the run in whole percent, summing to 100 (at least 1 each): `STAGE_SECONDS`
-    with the training stages scaled by `scale` and the evaluation by the items it scores (`eval_items` per
-    checkpoint; the default run's proxies score 240)."""
+    """Each stage's expected share of the run in whole percent, each within a point of the exact share and summing
+    to 100: `STAGE_SECONDS` with the training stages scaled by `scale` and the evaluation by the items it scores
+    (`eval_items` per checkpoint; the default run's proxies score 240)."""
     seconds = {stage: s * (scale if stage in ("pretrain", "sft", "rl") else 1.0) for stage, s in STAGE_SECONDS.items()}
     seconds["eval"] *= eval_items / (MMLU_PRO_SYNTH_SIZE + MATHVISTA_SYNTH_SIZE)
     exact = {stage: 100 * s / sum(seconds.values()) for stage, s in seconds.items()}
-    shares = {stage: max(1, math.floor(x)) for stage, x in exact.items()}
-    by_remainder = sorted(exact, key=lambda stage: (shares[stage] - exact[stage], stage))
-    for i in range(100 - sum(shares.values())):  # largest remainders first; `max(1, ...)` may overshoot 100
-        shares[by_remainder[i % len(by_remainder)]] += 1
-    while sum(shares.values()) > 100:
-        shares[max(shares, key=shares.get)] -= 1
+    shares = {stage: math.floor(x) for stage, x in exact.items()}
+    for stage in sorted(exact, key=lambda st: shares[st] - exact[st])[:100 - sum(shares.values())]:
+        shares[stage] += 1  # the largest remainders round up
     return shares
 
 
