@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
-from ..training.stages import read_summary, rl
+from ..progress import progress_bar
+from ..training.stages import read_summary, rl, stage_complete
 from .config import EvalConfig
 from .generation import Engine
 from .proxies import MMLU_PRO_SYNTH_SIZE, PROXY_EVAL_CONFIG
@@ -89,16 +90,23 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
     sft_scores = score(Path(sft_dir), out_dir / "sft_eval")
     scores: dict[str, dict[str, list[float]]] = {arm: {b: [] for b in benchmarks} for arm in ARMS}
     start_rewards: dict[str, dict[str, list[float]]] = {arm: {f: [] for f in fams} for arm, fams in ARMS.items()}
-    for seed in range(seeds):
-        for arm, families in ARMS.items():
-            run_dir = out_dir / f"{arm.replace('+', '_')}_seed{seed}"
-            rl(sft_dir, run_dir / "model", families=list(families), seed=seed, progress=progress,
-               **({} if steps is None else {"steps": steps}))
-            for family, reward in ((read_summary(run_dir / "model") or {}).get("family_reward_first_fifth")
-                                   or {}).items():
-                start_rewards[arm][family].append(reward)
-            for b, entry in score(run_dir / "model", run_dir / "eval").items():
-                scores[arm][b].append(entry["accuracy"])
+    runs = [(seed, arm, out_dir / f"{arm.replace('+', '_')}_seed{seed}") for seed in range(seeds) for arm in ARMS]
+    trained = [stage_complete(run_dir / "model") for _, _, run_dir in runs]  # a rerun's: reused, not counted again
+    # The whole job's line (each run's RL and evaluation show their own): the run now going, the runs done, time left.
+    bar = progress_bar(total=len(runs), initial=sum(trained), desc="vision-rl ablation", enabled=progress, unit="run")
+    labels = [f"vision-rl ablation [{arm}, seed {seed}]" for seed, arm, _ in runs] + ["vision-rl ablation [done]"]
+    bar.set_description(labels[0])
+    for (seed, arm, run_dir), was_trained, following in zip(runs, trained, labels[1:]):
+        rl(sft_dir, run_dir / "model", families=list(ARMS[arm]), seed=seed, progress=progress,
+           **({} if steps is None else {"steps": steps}))
+        for family, reward in ((read_summary(run_dir / "model") or {}).get("family_reward_first_fifth")
+                               or {}).items():
+            start_rewards[arm][family].append(reward)
+        for b, entry in score(run_dir / "model", run_dir / "eval").items():
+            scores[arm][b].append(entry["accuracy"])
+        bar.set_description(following)
+        bar.update(0 if was_trained else 1)
+    bar.close()
     summary = read_summary(out_dir / "text_seed0" / "model") or {}
     result = {
         "sft_checkpoint": str(sft_dir), "seeds": seeds, "rl_steps": summary.get("steps"),

@@ -67,6 +67,38 @@ def test_ablation_evaluates_each_benchmark_on_its_own_item_count(tmp_path, monke
     assert all(v == [0.6, 0.6] for arm in result["scores"].values() for v in arm.values())
 
 
+def test_ablation_shows_the_whole_jobs_progress(tmp_path, monkeypatch):
+    """One line per RL run over the whole ablation (each run's RL and evaluation show only their own): the run now
+    going, the runs done and the time left; a rerun counts the runs it reuses as done from the start."""
+    import io
+
+    from kimi_vl import progress
+    from kimi_vl.eval import ablation
+
+    clock = [0.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: clock.__setitem__(0, clock[0] + 60))
+    monkeypatch.setattr(ablation, "read_summary", lambda path: {})
+    monkeypatch.setattr(ablation.Engine, "from_pretrained", classmethod(lambda cls, model_dir, **kwargs: None))
+    monkeypatch.setattr(ablation, "evaluate", lambda engine, benchmarks, out_dir, config: {"benchmarks": {
+        benchmarks[0]: {"accuracy": 0.5, "chance": 0.1, "constant": 0.2}}})
+    monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
+    monkeypatch.setattr(progress.sys, "stderr", log := io.StringIO())  # a log file: whole lines
+    ablation.vision_rl_ablation("sft", tmp_path, seeds=2, limit=1, progress=True)
+    lines = [line for line in log.getvalue().splitlines() if line.startswith("vision-rl ablation")]
+    assert lines == ["vision-rl ablation [text, seed 0]: 0/4 (0%), 00:00 elapsed",
+                     "vision-rl ablation [text+vision, seed 0]: 1/4 (25%), 60 s/run, 01:00 elapsed, 03:00 left",
+                     "vision-rl ablation [text, seed 1]: 2/4 (50%), 60 s/run, 02:00 elapsed, 02:00 left",
+                     "vision-rl ablation [text+vision, seed 1]: 3/4 (75%), 60 s/run, 03:00 elapsed, 01:00 left",
+                     "vision-rl ablation [done]: 4/4 (100%), 60 s/run, 04:00 elapsed, 00:00 left"]
+    log.seek(0), log.truncate()
+    monkeypatch.setattr(ablation, "stage_complete", lambda path: "seed0" in str(path))  # seed 0's runs: reused
+    ablation.vision_rl_ablation("sft", tmp_path, seeds=2, limit=1, progress=True)
+    lines = [line for line in log.getvalue().splitlines() if line.startswith("vision-rl ablation")]
+    assert lines[0] == "vision-rl ablation [text, seed 0]: 2/4 (50%), 00:00 elapsed" and lines[-1].startswith(
+        "vision-rl ablation [done]: 4/4 (100%)")
+
+
 @pytest.mark.parametrize("vision, informative", [(0.25, True), (0.01, False)])
 def test_markdown_reports_the_start_reward_and_flags_a_vision_arm_without_reward(vision, informative):
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 20, "rl_updates_per_batch": 2,
