@@ -240,7 +240,8 @@ def stage_shares(scale: float, eval_items: int) -> dict[str, int]:
     (`eval_items` per checkpoint; the default run's proxies score 240)."""
     seconds = {stage: s * (scale if stage in ("pretrain", "sft", "rl") else 1.0) for stage, s in STAGE_SECONDS.items()}
     seconds["eval"] *= eval_items / (MMLU_PRO_SYNTH_SIZE + MATHVISTA_SYNTH_SIZE)
-    exact = {stage: 100 * s / sum(seconds.values()) for stage, s in seconds.items()}
+    total = sum(seconds.values())
+    exact = {stage: 100 * s / total for stage, s in seconds.items()}
     shares = {stage: math.floor(x) for stage, x in exact.items()}
     for stage in sorted(exact, key=lambda st: shares[st] - exact[st])[:100 - sum(shares.values())]:
         shares[stage] += 1  # the largest remainders round up
