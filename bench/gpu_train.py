@@ -78,13 +78,18 @@ def main() -> int:
             break
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
-        status = kimi_vl(["train", stage, "--out", str(root / stage), "--steps", str(steps), *common, *extra])
+        try:
+            status = kimi_vl(["train", stage, "--out", str(root / stage), "--steps", str(steps), *common, *extra])
+        except torch.OutOfMemoryError as err:  # the figure this script exists for: report it, with the peak
+            print(f"SUMMARY {stage}: out of memory at {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated "
+                  f"({str(err).splitlines()[0]})", flush=True)
+            status = 1
         if status != 0:
             print(f"SUMMARY {stage}: exit status {status}", flush=True)
             return status
         rows.append(_summary(stage, root / stage, time.perf_counter() - start, args.skip))
         print("SUMMARY " + json.dumps(rows[-1]), flush=True)
-    (root / "gpu_train.json").write_text(json.dumps(rows, indent=1))
+        (root / "gpu_train.json").write_text(json.dumps(rows, indent=1))  # each stage's row as it comes
     return 0
 
 

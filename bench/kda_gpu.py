@@ -55,19 +55,6 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
     impls: dict[str, tuple[Callable, Callable | None]] = {
         "kimi_vl triton": ours(chunk_kda_triton, fused_recurrent_kda_triton),
     }
-    try:
-        from fla.ops.kda import chunk_kda as fla_chunk
-        from fla.ops.kda import fused_recurrent_kda as fla_recurrent
-
-        impls["fla"] = (
-            lambda q, k, v, g, b, h0: fla_chunk(q, k, v, g, b, initial_state=h0, output_final_state=True,
-                                                use_qk_l2norm_in_kernel=True),
-            lambda q, k, v, g, b, h0: fla_recurrent(q, k, v, g, b, initial_state=h0, output_final_state=True,
-                                                    use_qk_l2norm_in_kernel=True),
-        )
-    except ImportError as err:
-        print(f"[skip] fla: {err}")
-    # fla first after ours, the slow pure-PyTorch paths last: a time limit cuts the least informative
     impls["kimi_vl torch"] = ours(chunk_kda_torch, fused_recurrent_kda_torch)
     try:
         from transformers.models.kimi_linear.modeling_kimi_linear import chunk_kimi_delta_attention
@@ -80,6 +67,20 @@ def _impls() -> dict[str, tuple[Callable, Callable | None]]:
         )
     except ImportError as err:
         print(f"[skip] transformers chunk_kimi_delta_attention: {err}")
+    # fla last: its first call autotunes its kernels, and on an H200 it had not finished after 140 s, so a time
+    # limit cuts it first
+    try:
+        from fla.ops.kda import chunk_kda as fla_chunk
+        from fla.ops.kda import fused_recurrent_kda as fla_recurrent
+
+        impls["fla"] = (
+            lambda q, k, v, g, b, h0: fla_chunk(q, k, v, g, b, initial_state=h0, output_final_state=True,
+                                                use_qk_l2norm_in_kernel=True),
+            lambda q, k, v, g, b, h0: fla_recurrent(q, k, v, g, b, initial_state=h0, output_final_state=True,
+                                                    use_qk_l2norm_in_kernel=True),
+        )
+    except ImportError as err:
+        print(f"[skip] fla: {err}")
     return impls
 
 
@@ -122,9 +123,11 @@ def main() -> int:
     gen = torch.Generator(device="cuda").manual_seed(1)
     do = torch.randn(tensors[0].shape[:3] + (args.D,), generator=gen, device="cuda").to(dtype)
     dht = torch.randn(tensors[5].shape, generator=gen, device="cuda")
+    dec = _inputs(args.decode_batch, 1, args.H, args.D, dtype, seed=2)  # decode: one token per sequence
     results: dict[str, dict[str, float]] = {}
+    decode: dict[str, float] = {}
     ref_o = ref_grads = None
-    for name, (chunk, _) in impls.items():
+    for name, (chunk, recurrent) in impls.items():  # each one's prefill, then its decode
         leaves = [t.detach().clone().requires_grad_() for t in tensors]
 
         def fwd(chunk=chunk, leaves=leaves):
@@ -149,22 +152,20 @@ def main() -> int:
             else:
                 ref_o, ref_grads = o.float(), grads
             results[name] = dict(fwd=_time_cuda(fwd, args.repeats), fwd_bwd=_time_cuda(fwd_bwd, args.repeats))
+            ours = results.get("kimi_vl triton")
+            ratio = (f"  ({results[name]['fwd'] / ours['fwd']:.2f}x / {results[name]['fwd_bwd'] / ours['fwd_bwd']:.2f}x"
+                     " ours)" if ours and name != "kimi_vl triton" else "")
             print(f"{name:24s} fwd {results[name]['fwd'] * 1e3:9.3f} ms   fwd+bwd "
-                  f"{results[name]['fwd_bwd'] * 1e3:9.3f} ms{diff}")
+                  f"{results[name]['fwd_bwd'] * 1e3:9.3f} ms{ratio}{diff}", flush=True)
         except Exception as err:  # noqa: BLE001 - report any backend failure and go on
             print(f"[fail] {name}: {type(err).__name__}: {err}")
         torch.cuda.empty_cache()
-
-    # Decode: one token per sequence from a state.
-    dec = _inputs(args.decode_batch, 1, args.H, args.D, dtype, seed=2)
-    decode: dict[str, float] = {}
-    for name, (_, recurrent) in impls.items():
         if recurrent is None:
             continue
         try:
             with torch.no_grad():
                 decode[name] = _time_cuda(lambda recurrent=recurrent: recurrent(*dec), args.repeats * 10)
-            print(f"{name:24s} decode (B={args.decode_batch}, T=1) {decode[name] * 1e6:9.1f} us")
+            print(f"{name:24s} decode (B={args.decode_batch}, T=1) {decode[name] * 1e6:9.1f} us", flush=True)
         except Exception as err:  # noqa: BLE001
             print(f"[fail] {name} decode: {type(err).__name__}: {err}")
 

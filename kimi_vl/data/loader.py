@@ -44,9 +44,13 @@ def _first(items: Any) -> Any:
 def _worker_init(_: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the Rust tokenizers' own threads and fork do not mix
     torch.set_num_threads(1)
-    # a terminal's Ctrl-C reaches every process of its group: the training process decides whether to stop
-    # (`kimi_vl.training.stop`) and shuts its workers down itself (with SIGTERM, which they must not ignore)
+    # A terminal's Ctrl-C reaches every process of its group, and a scheduler's time limit (or `timeout`) sends
+    # SIGTERM to every process of the job: the training process decides whether to stop (`kimi_vl.training.stop`)
+    # and needs its workers for the rest of the step. It shuts them down itself (a done event; torch's fallback
+    # SIGTERM is ignored too, and a worker left over ends after its current batch, when it sees the event or that
+    # its parent has gone).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch: int = 2) -> Iterator[Any]:

@@ -41,7 +41,9 @@ class Preset:
 _TINY_IMAGE_TASKS = {"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1, "chart_line": 0.5,
                      "ocr": 0.5, "grounding": 0.5}
 _TINY_MEDIA = dict(vocab_size=1536, tokenizer_texts=4000, image_max_patches=64, video_max_patches=64, video_fps=4.0)
-_SMALL_PACKING = dict(seq_len=4096, rows=16)
+# 4 rows of 4096 tokens per micro-batch: 16 rows OOMed an H200 (139 GiB) at the first backward (docs/RESULTS.md,
+# "On a GPU"); gradient accumulation keeps the optimizer step's tokens (pre-training 131072, SFT 65536)
+_SMALL_PACKING = dict(seq_len=4096, rows=4)
 
 PRESETS: dict[str, Preset] = {
     "tiny": Preset(
@@ -115,9 +117,9 @@ PRESETS: dict[str, Preset] = {
         vision=dict(hidden_size=384, num_attention_heads=6, num_hidden_layers=8, intermediate_size=1536,
                     pos_emb_height=64, pos_emb_width=64),
         stages={
-            "pretrain": TrainConfig(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=2, checkpoint_every=1000,
+            "pretrain": TrainConfig(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=8, checkpoint_every=1000,
                                     val_every=1000),
-            "sft": TrainConfig(steps=2000, lr=5e-4, warmup_steps=100, checkpoint_every=500),
+            "sft": TrainConfig(steps=2000, lr=5e-4, warmup_steps=100, grad_accum=4, checkpoint_every=500),
             "rl": TrainConfig(steps=500, lr=1e-5, weight_decay=0.0, warmup_steps=10, checkpoint_every=50),
         },
         data={

@@ -5,11 +5,9 @@ Killed mid-step, a run loses every step since its last checkpoint (up to `checkp
 step it is in, writes a checkpoint at the next step where one can be written (RL: a rollout batch's end) and raises
 `TrainingInterrupted`; rerunning the same command resumes there exactly. A second SIGINT interrupts at once
 (`KeyboardInterrupt`), as without it. In a distributed run every rank asks after every step whether any rank got a
-signal, so that all stop after the same step. Data-loader workers ignore SIGINT (`kimi_vl.data.loader`): a
-terminal's Ctrl-C reaches every process of its group, and the training process shuts its workers down itself. They
-do not ignore SIGTERM (that is how the loader ends them): a SIGTERM that reaches them too ends them, and a run that
-has them (`num_workers > 0`) with them, as a kill does; sent to the training process alone (`kill PID`, a batch
-script that traps the scheduler's signal and forwards it) it stops the run cleanly.
+signal, so that all stop after the same step. Data-loader workers ignore both signals (`kimi_vl.data.loader`): a
+terminal's Ctrl-C reaches every process of its group and a scheduler's time limit every process of the job, and the
+step in progress still needs its batches; the training process shuts its workers down itself.
 """
 
 from __future__ import annotations

@@ -177,6 +177,27 @@ def test_kills_and_ctrl_c_then_rerun_reproduce_the_uninterrupted_curve(data, tmp
         assert torch.equal(x, y), name
 
 
+def test_sigterm_to_the_whole_group_stops_with_a_checkpoint(data, tmp_path):
+    """A scheduler's time limit or `timeout` sends SIGTERM to every process of the job, the data-loader workers
+    too: they carry on building batches (the training process shuts them down), the step finishes, a checkpoint of
+    it is written, the command exits with 143 and no traceback, and the rerun finishes the run. (On a GPU, workers
+    that died of it left the step's next batch unbuilt and broke the checkpoint with `DataLoader worker ... is
+    killed by signal: Terminated`.)"""
+    root, p = data
+    out = tmp_path / "run"
+    command = _command(out, root, p, *TEN, "--num-workers", "2")
+    proc = subprocess.Popen(command, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    _interrupt_at(proc, out, 2, lambda: os.killpg(proc.pid, signal.SIGTERM))
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 143 and "Traceback" not in stderr, stderr
+    (step,) = [int(s) for s in re.findall(r"kimi-vl: SIGTERM: stopped after step (\d+) of 10 with a checkpoint in ",
+                                          stderr)]
+    assert (out / "state" / f"step_{step:08d}").is_dir() and 2 <= step < 10
+    run(command, _env())
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl")] == list(range(1, 11))
+
+
 def _parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
