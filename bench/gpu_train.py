@@ -4,7 +4,8 @@ Runs `kimi-vl train pretrain` (then `sft` and `rl` from it) through `kimi_vl.cli
 `metrics.jsonl`: the median step time after the first `--skip` steps (Triton compiles and the allocator warms up
 there), tokens per step and per second, the loss at the first and last step, and the peak CUDA memory of the
 stage (`torch.cuda.max_memory_allocated`). The `small` preset is the single-GPU recipe (bf16, one 80 GB GPU);
-this is how we know it fits and how fast it steps.
+this is how we know it fits and how fast it steps. Each step is also printed as it is logged (`STEP` lines: its
+time, loss and the peak memory so far), so a run cut short by a time limit still says how far it got and how fast.
 
 Run: `python bench/gpu_train.py [--preset small] [--steps 30] [--sft-steps 10] [--rl-steps 2] [--tokenizer DIR]
 [--out runs/gpu_train] [--activation-checkpointing]` (a prebuilt tokenizer skips the preset's tokenizer training;
@@ -17,6 +18,7 @@ import argparse
 import json
 import statistics
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +41,24 @@ def _summary(stage: str, out: Path, seconds: float, skip: int) -> dict:
     if "reward_mean" in metrics[0]:
         row["reward_mean"] = [round(m["reward_mean"], 3) for m in metrics]
     return row
+
+
+def _watch(metrics: Path, stage: str, t0: float, done: threading.Event) -> None:
+    """Print a `STEP` line for each line `metrics` gains until `done` is set (the trainer appends one per step)."""
+    import torch
+
+    seen = 0
+    while True:
+        finished = done.wait(1.0)
+        lines = metrics.read_text().splitlines() if metrics.is_file() else []
+        for line in lines[seen:]:
+            m = json.loads(line)
+            print(f"STEP {stage} {m['step']}: {m['step_time']:.2f} s, loss {m.get('loss', float('nan')):.3f}, "
+                  f"{time.perf_counter() - t0:.0f} s since the stage began, peak "
+                  f"{torch.cuda.max_memory_allocated() / 2**30:.1f} GiB", flush=True)
+        seen = len(lines)
+        if finished:
+            return
 
 
 def main() -> int:
@@ -78,12 +98,19 @@ def main() -> int:
             break
         torch.cuda.reset_peak_memory_stats()
         start = time.perf_counter()
+        done = threading.Event()
+        watcher = threading.Thread(target=_watch, args=(root / stage / "metrics.jsonl", stage, start, done),
+                                   daemon=True)
+        watcher.start()
         try:
             status = kimi_vl(["train", stage, "--out", str(root / stage), "--steps", str(steps), *common, *extra])
         except torch.OutOfMemoryError as err:  # the figure this script exists for: report it, with the peak
             print(f"SUMMARY {stage}: out of memory at {torch.cuda.max_memory_allocated() / 2**30:.2f} GiB allocated "
                   f"({str(err).splitlines()[0]})", flush=True)
             status = 1
+        finally:
+            done.set()
+            watcher.join()
         if status != 0:
             print(f"SUMMARY {stage}: exit status {status}", flush=True)
             return status
