@@ -217,7 +217,8 @@ class LanguageModelStep:
             batch = batch.to(acc.device)
             sync = nullcontext() if micro == grad_accum - 1 else acc.no_sync(trainer.model)
             with sync, acc.autocast():
-                loss = trainer.model(**batch.model_inputs(), loss_normalisation=trainer.cfg.loss_normalisation).loss
+                loss = trainer.model(**batch.model_inputs(), loss_normalisation=trainer.cfg.loss_normalisation,
+                                     return_logits=False).loss
             acc.backward(loss / grad_accum)
             total += loss.detach().float().item() / grad_accum
             tokens += batch.num_tokens
@@ -385,7 +386,7 @@ class Trainer:
         for i in range(self.cfg.val_batches):
             batch = self.val_data.batch(i).to(self.accelerator.device)
             with self.accelerator.autocast():
-                losses.append(float(self.model(**batch.model_inputs()).loss))
+                losses.append(float(self.model(**batch.model_inputs(), return_logits=False).loss))
         self.balancing.reset()
         if isinstance(self.inner_optimizer, MuonClip):  # validation forwards must not feed the next QK-Clip
             self.inner_optimizer.reset_max_logits()

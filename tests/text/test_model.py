@@ -265,6 +265,69 @@ def test_per_document_loss_weighs_every_packed_sequence_equally():
         causal_lm_loss(logits, labels, per_document=True)
 
 
+@pytest.mark.parametrize("per_document", [False, True])
+def test_chunked_loss_equals_the_full_loss_and_never_keeps_the_logits(per_document):
+    """`chunked_causal_lm_loss` (chunks of 4 tokens with a remainder of 3 here) gives `causal_lm_loss` of the full
+    logits and the same gradients; it saves no activation over the vocabulary for the backward (the chunks' logits
+    are recomputed there), where the full loss keeps `[tokens, vocab]` (its log-softmax)."""
+    from kimi_vl.text.modeling import causal_lm_loss, chunked_causal_lm_loss
+
+    torch.manual_seed(0)
+    V, T = 11, 16
+    head = torch.nn.Linear(8, V, bias=False)
+    hidden = torch.randn(1, T, 8, requires_grad=True)
+    labels = torch.randint(0, V, (1, T))
+    labels[0, [2, 9]] = -100
+    cu = torch.tensor([0, 5, 12, 16], dtype=torch.int32)
+
+    weight = head.weight.untyped_storage().data_ptr()
+
+    def logit_sized(t: torch.Tensor) -> int:  # a saved activation over the vocabulary (not the head's weight)
+        return t.numel() if t.dim() and t.shape[-1] == V and t.untyped_storage().data_ptr() != weight else 0
+
+    def run(loss_fn):
+        saved = []
+        hidden.grad = head.weight.grad = None
+        with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(logit_sized(t)) or t, lambda t: t):
+            loss = loss_fn()
+        loss.backward()
+        return loss.detach(), hidden.grad.clone(), head.weight.grad.clone(), sum(saved)
+
+    full = run(lambda: causal_lm_loss(head(hidden), labels, cu, per_document=per_document))
+    chunked = run(lambda: chunked_causal_lm_loss(hidden, head, labels, cu, per_document=per_document,
+                                                 max_elements=4 * V))
+    for a, b in zip(chunked[:3], full[:3]):
+        torch.testing.assert_close(a, b)
+    assert full[3] >= (T - 1) * V and chunked[3] == 0
+
+
+def test_training_forward_without_logits_gives_the_same_loss(monkeypatch):
+    """`return_logits=False` (the trainer's forwards): above `LOSS_CHUNK_ELEMENTS` logits the loss is computed in
+    chunks and no logits come back; loss and gradients are those of the ordinary forward, packed and per document
+    too. Below it (every CPU preset's batch) the ordinary path runs."""
+    import kimi_vl.text.modeling as modeling
+
+    model = tiny_model()
+    ids = torch.randint(3, model.config.vocab_size, (1, 24))
+    cu = torch.tensor([0, 10, 24], dtype=torch.int32)
+    results = []
+    for return_logits in (True, False):
+        model.zero_grad()
+        out = model(ids, labels=ids, cu_seqlens=cu, loss_normalisation="document", return_logits=return_logits)
+        out.loss.backward()
+        results.append((out, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    assert results[1][0].logits is not None  # 24 tokens: under the threshold, nothing changes
+    monkeypatch.setattr(modeling, "LOSS_CHUNK_ELEMENTS", 5 * model.config.vocab_size)
+    model.zero_grad()
+    out = model(ids, labels=ids, cu_seqlens=cu, loss_normalisation="document", return_logits=False)
+    out.loss.backward()
+    assert out.logits is None
+    torch.testing.assert_close(out.loss, results[0][0].loss)
+    for n, p in model.named_parameters():
+        if n in results[0][1]:
+            torch.testing.assert_close(p.grad, results[0][1][n], atol=1e-6, rtol=1e-5, msg=n)
+
+
 def test_routers_count_only_real_tokens():
     """Left padding (attention_mask 0) and a tail of pad ids (mask 1, as after a response's end token) are routed but
     not counted: the padded batch adds to each expert's load what its rows add alone."""
