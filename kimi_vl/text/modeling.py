@@ -377,9 +377,14 @@ LOSS_CHUNK_ELEMENTS = 2**25
 """Logit elements (128 MiB in fp32) above which `chunked_causal_lm_loss` splits the tokens into chunks."""
 
 
+def _at_least_fp32(logits: torch.Tensor) -> torch.Tensor:
+    return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
+
 def _token_losses(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """`[N]` fp32 cross-entropy of logits `[N, vocab]` against target `[N]` (0 where the target is -100)."""
-    return F.cross_entropy(logits.float(), target, ignore_index=-100, reduction="none")
+    """`[N]` cross-entropy (fp32, or float64 for a float64 model) of logits `[N, vocab]` against target `[N]` (0
+    where the target is -100)."""
+    return F.cross_entropy(_at_least_fp32(logits), target, ignore_index=-100, reduction="none")
 
 
 def _reduce_losses(losses: torch.Tensor, target: torch.Tensor, cu_seqlens: torch.Tensor | None,
@@ -407,14 +412,14 @@ def _check_loss_inputs(labels: torch.Tensor, shape: torch.Size, cu_seqlens: torc
 def causal_lm_loss(
     logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
 ) -> torch.Tensor:
-    """Next-token cross-entropy over the `next_token_targets` != -100 (fp32): the mean over those tokens, or with
-    `per_document` (needs `cu_seqlens`) the mean over the packed sequences that have targets of each one's token
-    mean (a document with a short answer weighs as much as a long one)."""
+    """Next-token cross-entropy over the `next_token_targets` != -100 (in fp32 or wider): the mean over those
+    tokens, or with `per_document` (needs `cu_seqlens`) the mean over the packed sequences that have targets of each
+    one's token mean (a document with a short answer weighs as much as a long one)."""
     _check_loss_inputs(labels, logits.shape[:2], cu_seqlens, per_document)
     target = next_token_targets(labels, cu_seqlens).flatten()
     flat = logits[:, :-1].flatten(0, 1)
     if not per_document:
-        return F.cross_entropy(flat.float(), target, ignore_index=-100)
+        return F.cross_entropy(_at_least_fp32(flat), target, ignore_index=-100)
     return _reduce_losses(_token_losses(flat, target), target, cu_seqlens, per_document)
 
 

@@ -1,6 +1,6 @@
 """Distributed MuonClip on 2 CPU processes (gloo): FSDP2 (`fully_shard`, DTensor parameters, distributed Muon;
-with activation checkpointing) and DDP with gradient accumulation each give the parameters of one process on the
-same global batch, and the QK-Clip max logits are the global ones (MAX over micro-batches and ranks).
+with activation checkpointing; once more with the model's own loss in recomputed chunks, `chunked_causal_lm_loss`)
+and DDP with gradient accumulation each give the parameters of one process on the same global batch, and the QK-Clip max logits are the global ones (MAX over micro-batches and ranks).
 
 The model is the tiny early-fusion model (MoonViT + KDA/MLA/MoE backbone): stacked experts, MLA QK-Clip and
 vision (MHA) QK-Clip are all exercised, with tau low enough that heads are clipped in most steps.
@@ -31,7 +31,7 @@ from tests.test_modeling import IMG, PAD, VID, image, sample
 from tests.training.launch import free_port
 
 WORLD, STEPS, GLOBAL_BATCH = 2, 5, 4
-MODES = ("fsdp2", "ddp")
+MODES = ("fsdp2", "fsdp2_chunked_loss", "ddp")
 TAU = 1.5
 LR = 0.02
 
@@ -85,9 +85,19 @@ def _model() -> KimiVLForConditionalGeneration:
 
 
 def _loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Mean next-token cross-entropy in float64 (the model's own loss upcasts only to fp32)."""
+    """Mean next-token cross-entropy (float64, as the model)."""
     logits = model(**batch).logits
     return F.cross_entropy(logits[:, :-1].flatten(0, 1), batch["input_ids"][:, 1:].flatten())
+
+
+def _chunked_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The same loss from the model, as the trainer asks for it, in chunks of 3 tokens (no logits come back)."""
+    import kimi_vl.text.modeling as modeling
+
+    modeling.LOSS_CHUNK_ELEMENTS = 3 * model.config.text_config.vocab_size  # this rank's process only
+    out = model(**batch, labels=batch["input_ids"], return_logits=False)
+    assert out.logits is None
+    return out.loss
 
 
 def _single_process() -> tuple[dict[str, torch.Tensor], list[dict[str, torch.Tensor]]]:
@@ -123,7 +133,8 @@ def _worker(rank: int, port: int, out: str) -> None:
         half = GLOBAL_BATCH // WORLD
         for mode in MODES:
             model = _model()
-            if mode == "fsdp2":
+            loss_of = _chunked_loss if mode == "fsdp2_chunked_loss" else _loss
+            if mode.startswith("fsdp2"):
                 model.activation_checkpointing_enable()  # as the trainer does before wrapping: the same numbers
                 mesh = init_device_mesh("cpu", (WORLD,))
                 # Decoder layers run through their `attention` / `feed_forward` methods, not `forward`, so the
@@ -150,9 +161,9 @@ def _worker(rank: int, port: int, out: str) -> None:
                     part = _slice(mine, m * size, (m + 1) * size)
                     if m < micro - 1:
                         with wrapped.no_sync():
-                            (_loss(wrapped, part) / micro).backward()
+                            (loss_of(wrapped, part) / micro).backward()
                     else:
-                        (_loss(wrapped, part) / micro).backward()
+                        (loss_of(wrapped, part) / micro).backward()
                 opt.step()
                 maxima.append(opt.last_max_logits)
             params = {n: (p.full_tensor() if isinstance(p, DTensor) else p).detach().clone()
