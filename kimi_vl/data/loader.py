@@ -41,16 +41,36 @@ def _first(items: Any) -> Any:
     return items
 
 
+STOP_GRACE_S = 5.0
+"""Seconds a worker that got SIGTERM waits to learn whether the training process got it too."""
+
+_stopping: Any = None  # a multiprocessing Event, made before the first workers fork (they inherit it)
+
+
+def set_stopping(flag: bool) -> None:
+    """Tell this process's data-loader workers that it is stopping after its step (`kimi_vl.training.stop` sets this
+    when a stop signal comes and clears it when the loop ends)."""
+    if _stopping is not None:
+        _stopping.set() if flag else _stopping.clear()
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    # A scheduler's time limit (or `timeout`) sends SIGTERM to every process of the job: when the training process
+    # got it too, it finishes its step, which needs this worker's batches, and shuts the workers down itself. Any
+    # other SIGTERM (the loader's own fallback, a kill of this worker) ends it as before.
+    if _stopping is not None and _stopping.wait(STOP_GRACE_S):
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _worker_init(_: int) -> None:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the Rust tokenizers' own threads and fork do not mix
     torch.set_num_threads(1)
-    # A terminal's Ctrl-C reaches every process of its group, and a scheduler's time limit (or `timeout`) sends
-    # SIGTERM to every process of the job: the training process decides whether to stop (`kimi_vl.training.stop`)
-    # and needs its workers for the rest of the step. It shuts them down itself (a done event; torch's fallback
-    # SIGTERM is ignored too, and a worker left over ends after its current batch, when it sees the event or that
-    # its parent has gone).
+    # a terminal's Ctrl-C reaches every process of its group: the training process decides whether to stop
+    # (`kimi_vl.training.stop`) and shuts its workers down itself
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
 
 def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch: int = 2) -> Iterator[Any]:
@@ -65,6 +85,9 @@ def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch:
         raise ConfigError("data-loader workers need the fork start method, which this platform lacks; set "
                           "num_workers=0.")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    global _stopping
+    if _stopping is None:
+        _stopping = multiprocessing.get_context("fork").Event()
     loader = torch.utils.data.DataLoader(
         _Batches(stream), batch_size=None, sampler=list(indices), num_workers=num_workers, collate_fn=_first,
         prefetch_factor=prefetch, worker_init_fn=_worker_init, multiprocessing_context="fork")

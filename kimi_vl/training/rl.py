@@ -466,6 +466,9 @@ class RLStep:
     def can_checkpoint(self, step: int) -> bool:
         return step % self.cfg.updates_per_batch == 0
 
+    def finish(self) -> None:
+        self.batch = None  # the last rollout batch
+
     def backward(self, trainer: Any) -> dict[str, Any]:
         cfg, acc = self.cfg, trainer.accelerator
         first = trainer.step % cfg.updates_per_batch == 0 or self.batch is None

@@ -5,9 +5,10 @@ Killed mid-step, a run loses every step since its last checkpoint (up to `checkp
 step it is in, writes a checkpoint at the next step where one can be written (RL: a rollout batch's end) and raises
 `TrainingInterrupted`; rerunning the same command resumes there exactly. A second SIGINT interrupts at once
 (`KeyboardInterrupt`), as without it. In a distributed run every rank asks after every step whether any rank got a
-signal, so that all stop after the same step. Data-loader workers ignore both signals (`kimi_vl.data.loader`): a
-terminal's Ctrl-C reaches every process of its group and a scheduler's time limit every process of the job, and the
-step in progress still needs its batches; the training process shuts its workers down itself.
+signal, so that all stop after the same step. Data-loader workers (`kimi_vl.data.loader`) ignore SIGINT, which a
+terminal's Ctrl-C sends to every process of its group, and outlive a SIGTERM that the training process got too (a
+scheduler's time limit reaches every process of the job), since the step in progress still needs their batches; the
+training process shuts them down itself.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from ..data.loader import set_stopping
 from .distributed import all_reduce_max, get_world_size
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -49,11 +51,13 @@ class StopOnSignal:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        set_stopping(False)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         if self.received is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.received, self.signum = signal.Signals(signum).name, signum
+        set_stopping(True)
         if self.announce:
             again = (" (press Ctrl-C again to stop at once, losing the steps since the last checkpoint)"
                      if signum == signal.SIGINT else "")

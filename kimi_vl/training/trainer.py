@@ -185,6 +185,9 @@ class TrainingStep(Protocol):
     def can_checkpoint(self, step: int) -> bool:
         """Whether the state after `step` optimizer steps may be checkpointed (a resume restarts from it)."""
 
+    def finish(self) -> None:
+        """Called once when the run ends, however it ends: release what `start` took (data-loader workers)."""
+
 
 class LanguageModelStep:
     """Next-token loss on packed batches: `grad_accum` micro-batches per process (see the module docstring)."""
@@ -202,6 +205,11 @@ class LanguageModelStep:
 
     def can_checkpoint(self, step: int) -> bool:
         return True
+
+    def finish(self) -> None:
+        if self.stream is not None:
+            self.stream.close()  # shuts the loader's workers down now, not at interpreter exit
+            self.stream = None
 
     def backward(self, trainer: Trainer) -> dict[str, Any]:
         """Forward and backward of the step's micro-batches; the global batch's mean loss, token counts, and what the
@@ -291,10 +299,18 @@ class Trainer:
         cfg = self.cfg
         self._resume()
         self.model.train()
-        last: dict[str, Any] = {}
         bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc,
                            enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
+        try:
+            return self._steps(bar)
+        finally:
+            self.training_step.finish()
+
+    def _steps(self, bar: Any) -> dict[str, Any]:
+        """The steps from `self.step` to `cfg.steps` (`train`'s loop), counted on `bar`."""
+        cfg = self.cfg
+        last: dict[str, Any] = {}
         started = time.monotonic()
         with StopOnSignal(announce=self.accelerator.is_main_process) as stop, self._tracking():
             while self.step < cfg.steps:
