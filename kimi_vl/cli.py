@@ -309,6 +309,14 @@ def main(argv: list[str] | None = None) -> int:
     except KimiVLError as e:
         print(f"kimi-vl: error: {e}", file=sys.stderr)
         return 2
+    except RuntimeError as e:
+        from .data.loader import worker_error
+
+        error = worker_error(e)
+        if error is None:
+            raise
+        print(f"kimi-vl: error: {error}", file=sys.stderr)
+        return 2
     finally:
         if bars:
             transformers_logging.enable_progress_bar()

@@ -42,6 +42,10 @@ class TrainingInterrupted(KimiVLError):
         self.exit_status = exit_status
 
 
+class DataLoaderWorkerError(KimiVLError, RuntimeError):
+    """A data-loader process ended before its run did (killed by a signal, or by the system for want of memory)."""
+
+
 class DataUnavailableError(KimiVLError, OSError):
     """Benchmark data could not be loaded from the hub or from the given local directory; the message says
     which files are expected where."""

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from ..errors import ConfigError, KimiVLError
+from ..errors import ConfigError, DataLoaderWorkerError, KimiVLError
 
 
 class _Failure:
@@ -73,6 +73,17 @@ def _worker_init(_: int) -> None:
     signal.signal(signal.SIGTERM, _on_sigterm)
 
 
+def worker_error(exc: BaseException) -> DataLoaderWorkerError | None:
+    """`exc` as a `DataLoaderWorkerError` when it is torch's report of a worker that ended (raised in the training
+    process at its next batch, or anywhere by the loader's SIGCHLD handler), else None."""
+    if not (isinstance(exc, RuntimeError) and str(exc).startswith("DataLoader worker")):
+        return None
+    return DataLoaderWorkerError(
+        f"{str(exc).strip()}: a data-loader process ended before the run did (killed, or by the system for want of "
+        "memory). Rerun the same command to resume from the last checkpoint; with --num-workers 0 the batches are "
+        "built in the training process.")
+
+
 def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch: int = 2) -> Iterator[Any]:
     """`stream.batch(i)` for `i` in `indices`, in order, built by `num_workers` forked processes (0: here)."""
     if num_workers < 0:
@@ -97,4 +108,4 @@ def batches(stream: Any, indices: Sequence[int], num_workers: int = 0, prefetch:
         yield item
 
 
-__all__ = ["batches"]
+__all__ = ["batches", "set_stopping", "worker_error"]

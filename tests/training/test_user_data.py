@@ -198,6 +198,27 @@ def test_sigterm_to_the_whole_group_stops_with_a_checkpoint(data, tmp_path):
     assert [m["step"] for m in read_metrics(out / "metrics.jsonl")] == list(range(1, 11))
 
 
+def test_a_killed_data_loader_worker_is_a_clear_error(data, tmp_path):
+    """A worker killed under a run (SIGKILL, as the system's out-of-memory killer sends): the command stops with a
+    `kimi-vl: error:` line that says what ended and how to go on, exit status 2, no traceback; the rerun resumes."""
+    root, p = data
+    out = tmp_path / "run"
+    command = _command(out, root, p, *TEN, "--num-workers", "1", "--checkpoint-every", "2")
+    proc = subprocess.Popen(command, env=_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    def kill_the_worker() -> None:
+        workers = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        os.kill(int(workers[0]), signal.SIGKILL)
+
+    _interrupt_at(proc, out, 2, kill_the_worker)
+    _, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "Traceback" not in stderr, stderr
+    assert re.search(r"kimi-vl: error: DataLoader worker .* a data-loader process ended before the run did .* Rerun "
+                     r"the same command to resume", stderr), stderr
+    run(command, _env())
+    assert [m["step"] for m in read_metrics(out / "metrics.jsonl")][-1] == 10
+
+
 def _parent(pid: int) -> int:
     try:
         return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
