@@ -80,8 +80,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 
 def _offsets_tensor(offsets: list[int] | None, B: int, T: int, device: torch.device) -> torch.Tensor:
-    if offsets is None:
-        offsets = [b * T for b in range(B + 1)]
+    if offsets is None:  # made on the device: a copy from a list would wait for the stream (each decode step)
+        return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 
 
