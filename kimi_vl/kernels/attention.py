@@ -18,6 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import ShapeError
+from .offsets import host_offsets
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.Tensor) -> list[int]:
@@ -37,7 +38,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens: torch.
             f"cu_seqlens must be a 1-D integer tensor [num_seqs + 1] of offsets starting at 0; got "
             f"shape {tuple(cu_seqlens.shape)}, dtype {cu_seqlens.dtype}."
         )
-    offsets = [int(x) for x in cu_seqlens.tolist()]
+    offsets = host_offsets(cu_seqlens)
     if offsets[0] != 0 or offsets[-1] != q.shape[0] or any(b < a for a, b in zip(offsets, offsets[1:])):
         raise ShapeError(
             f"cu_seqlens must be non-decreasing offsets from 0 to total_tokens={q.shape[0]}; got "
@@ -159,7 +160,7 @@ def packed_max_logits(
     frames costs few matmuls and no pack-wide mask is built.
     """
     q, k = q.detach().float(), k.detach().float()
-    offsets = cu_seqlens.tolist()
+    offsets = host_offsets(cu_seqlens)
     runs: list[list[int]] = []  # [start, length, count] of adjacent equal-length non-empty sequences
     for s, e in zip(offsets, offsets[1:]):
         if e == s:

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from kimi_vl.errors import ShapeError
+from kimi_vl.kernels.offsets import host_offsets
 
 
 def causal_conv1d(
@@ -53,7 +54,7 @@ def causal_conv1d(
             raise ShapeError(
                 f"cu_seqlens {tuple(cu_seqlens.shape)} must be [N+1] offsets with batch 1, x {tuple(x.shape)}"
             )
-        offsets = [int(o) for o in cu_seqlens.tolist()]
+        offsets = host_offsets(cu_seqlens)
         if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in pairwise(offsets)):
             raise ShapeError(f"cu_seqlens {offsets} must rise from 0 to T={T}")
     n_seq = B if offsets is None else len(offsets) - 1

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kimi_vl.errors import ConfigError, ShapeError
+from kimi_vl.kernels.offsets import host_offsets
 
 # Shared by the torch and Triton paths (kda_triton imports them): chunk and sub-chunk lengths of the chunked
 # algorithm, and the eps added to the sum of squares by the in-kernel q/k L2 norm.
@@ -109,7 +110,7 @@ def _check(
             raise ShapeError(f"cu_seqlens must be 1-D offsets [N+1], got {_shape(cu_seqlens)}")
         if B != 1:
             raise ShapeError(f"cu_seqlens needs batch size 1 (sequences packed along T), got q {_shape(q)}")
-        offsets = [int(x) for x in cu_seqlens.tolist()]
+        offsets = host_offsets(cu_seqlens)
         if offsets[0] != 0 or offsets[-1] != T or any(b < a for a, b in pairwise(offsets)):
             raise ShapeError(f"cu_seqlens {offsets} must rise from 0 to T={T}")
         n_seq = len(offsets) - 1

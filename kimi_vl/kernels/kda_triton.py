@@ -46,6 +46,7 @@ import triton
 import triton.language as tl
 
 from kimi_vl.kernels.kda import CHUNK, L2_EPS, SUB_CHUNK
+from kimi_vl.kernels.offsets import host_offsets
 
 LOOP_STAGES = 1
 """Software-pipelining stages of the kernels that loop over chunks or value blocks (the state walks, the backward's
@@ -165,7 +166,7 @@ def fused_recurrent_kda_triton(
     B, T, H, K = q.shape
     V = v.shape[-1]
     if cu_seqlens is not None and offsets is None:
-        offsets = [int(x) for x in cu_seqlens.tolist()]
+        offsets = host_offsets(cu_seqlens)
     cu = _offsets_tensor(offsets, B, T, q.device)
     N = cu.numel() - 1
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
@@ -624,15 +625,32 @@ def _chunk_bwd_final_kernel(
 # ----------------------------------------------------------------------------------------------------------
 
 
-def _chunk_table(cu_list: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """``([n_chunks, 2]`` int32 (first token, end token) of every chunk of every packed sequence,
-    ``[N]`` int32 index of each sequence's first chunk in that table)."""
+_layouts: list[tuple[list[int], torch.device, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]] = []
+
+
+def _chunk_layout(cu_list: list[int], device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(cu [N+1], chunks [n_chunks, 2], chunk_first [N])`` int32 on ``device``: the sequence offsets, the (first
+    token, end token) of every chunk of every packed sequence, and the index of each sequence's first chunk in that
+    table. Copying them from the host waits for the stream, so the last two layouts are kept, keyed on the list
+    object itself: the layers of one forward share the list (``host_offsets``) and copy it once."""
+    for key, dev, layout in _layouts:
+        if key is cu_list and dev == device:
+            return layout
     rows, first = [], []
     for a, b in pairwise(cu_list):
         first.append(len(rows))
         rows += [(s, min(s + CHUNK, b)) for s in range(a, b, CHUNK)]
-    table = torch.tensor(rows or [(0, 0)], dtype=torch.int32, device=device).reshape(-1, 2)
-    return table, torch.tensor(first, dtype=torch.int32, device=device)
+    def aligned(values: list[int]) -> list[int]:  # each part starts on 16 bytes, as Triton's pointers specialise
+        return values + [0] * (-len(values) % 4)
+
+    cu_part, first_part = aligned(list(cu_list)), aligned(first)
+    table = [x for row in rows or [(0, 0)] for x in row]
+    packed = torch.tensor(cu_part + first_part + table, dtype=torch.int32, device=device)  # one copy for the three
+    a, b = len(cu_part), len(cu_part) + len(first_part)
+    layout = (packed[: len(cu_list)], packed[b:].view(-1, 2), packed[a : a + len(first)])
+    _layouts.append((cu_list, device, layout))
+    del _layouts[:-2]
+    return layout
 
 
 def chunk_kda_fwd(
@@ -655,8 +673,7 @@ def chunk_kda_fwd(
     V = v.shape[-1]
     dev = q.device
     cu_list = offsets if offsets is not None else [b * T for b in range(B + 1)]
-    cu = torch.tensor(cu_list, dtype=torch.int32, device=dev)
-    chunks, chunk_first = _chunk_table(cu_list, dev)
+    cu, chunks, chunk_first = _chunk_layout(cu_list, dev)
     N, NC, NT = len(cu_list) - 1, chunks.shape[0], B * T
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     f32 = dict(dtype=torch.float32, device=dev)

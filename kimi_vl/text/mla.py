@@ -18,6 +18,7 @@ from torch import nn
 
 from ..errors import ShapeError
 from ..kernels import max_logits, packed_max_logits
+from ..kernels.offsets import host_offsets
 from ..optim_contract import MaxLogitRecorder
 from .cache import KimiHybridCache
 from .configuration import KimiTextConfig
@@ -128,7 +129,7 @@ class MultiHeadLatentAttention(MaxLogitRecorder, nn.Module):
         if self.record_max_logits:
             self._record_expanded(q, k, attn_mask, cu_seqlens)
         if cu_seqlens is not None:
-            bounds = cu_seqlens.tolist()
+            bounds = host_offsets(cu_seqlens)
             return torch.cat(
                 [
                     F.scaled_dot_product_attention(q[:, :, s:e], k[:, :, s:e], v[:, :, s:e], is_causal=True,
