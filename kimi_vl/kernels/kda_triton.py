@@ -640,6 +640,7 @@ def _chunk_layout(cu_list: list[int], device: torch.device) -> tuple[torch.Tenso
     for a, b in pairwise(cu_list):
         first.append(len(rows))
         rows += [(s, min(s + CHUNK, b)) for s in range(a, b, CHUNK)]
+
     def aligned(values: list[int]) -> list[int]:  # each part starts on 16 bytes, as Triton's pointers specialise
         return values + [0] * (-len(values) % 4)
 
