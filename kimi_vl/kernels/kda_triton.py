@@ -46,7 +46,6 @@ import triton
 import triton.language as tl
 
 from kimi_vl.kernels.kda import CHUNK, L2_EPS, SUB_CHUNK
-from kimi_vl.kernels.offsets import host_offsets
 
 LOOP_STAGES = 1
 """Software-pipelining stages of the kernels that loop over chunks or value blocks (the state walks, the backward's
@@ -161,13 +160,16 @@ def fused_recurrent_kda_triton(
     cu_seqlens: torch.Tensor | None = None,
     offsets: list[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Forward-only recurrent KDA (no autograd); inputs already validated (``offsets`` from ``_check``)."""
+    """Forward-only recurrent KDA (no autograd); inputs already validated (``_check``). The sequence offsets are
+    ``cu_seqlens`` as it is when given (the kernel reads them on the device), else the host list ``offsets``, else
+    one sequence per batch row."""
     _require_runnable(q)
     B, T, H, K = q.shape
     V = v.shape[-1]
-    if cu_seqlens is not None and offsets is None:
-        offsets = host_offsets(cu_seqlens)
-    cu = _offsets_tensor(offsets, B, T, q.device)
+    if cu_seqlens is not None:
+        cu = cu_seqlens.to(device=q.device, dtype=torch.int32)
+    else:
+        cu = _offsets_tensor(offsets, B, T, q.device)
     N = cu.numel() - 1
     q, k, v, g, beta = (x.contiguous() for x in (q, k, v, g, beta))
     o = torch.empty(B, T, H, V, dtype=q.dtype, device=q.device)
