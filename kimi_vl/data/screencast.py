@@ -359,7 +359,11 @@ def make_screencast(
         else:
             scrolls.append(max_scroll)
             hovers.append(len(boxes) - 1)
-    frames = [render_frame(spec, width, height, scroll=s, hover=h) for s, h in zip(scrolls, hovers)]
+    drawn: dict[tuple[int, int | None], Image.Image] = {}  # the first and last quarters each repeat one view
+    for view in zip(scrolls, hovers):
+        if view not in drawn:
+            drawn[view] = render_frame(spec, width, height, scroll=view[0], hover=view[1])
+    frames = [drawn[view].copy() for view in zip(scrolls, hovers)]
     return Screencast(frames=frames, fps=float(fps), html=page_html(spec), spec=spec, scrolls=scrolls, hovers=hovers)
 
 
