@@ -41,6 +41,7 @@ import json
 import shutil
 from pathlib import Path
 
+from .configuration import read_config_file
 from .convert import staged_directory
 from .errors import CheckpointError, KimiVLError
 from .model_card import model_card
@@ -230,7 +231,7 @@ def _check_model_dir(model_dir: Path) -> None:
     config_file = model_dir / "config.json"
     if not config_file.is_file():
         raise CheckpointError(f"{model_dir} has no config.json; save the model with save_pretrained(dir) first.")
-    model_type = json.loads(config_file.read_text(encoding="utf-8")).get("model_type")
+    model_type = read_config_file(config_file).get("model_type")
     if model_type != "kimi_vl":
         raise CheckpointError(
             f"{config_file} is a {model_type!r} config, not 'kimi_vl'; export a KimiVLForConditionalGeneration "
@@ -285,7 +286,7 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
 
     Raises:
         CheckpointError: `model_dir` has no `config.json`, or it is not a `kimi_vl` config; `out_dir` exists and
-            is not empty (unless `overwrite`: then it is replaced), or lies inside `model_dir`.
+            is not empty (unless `overwrite`: then it is replaced), lies inside `model_dir`, or holds it.
     """
     src, out = Path(model_dir), Path(out_dir)
     _check_model_dir(src)
@@ -294,6 +295,9 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
         return add_remote_code(out)
     if out.resolve().is_relative_to(src.resolve()):
         raise CheckpointError(f"{out} lies inside the checkpoint {src}; export to a folder outside it.")
+    if src.resolve().is_relative_to(out.resolve()):
+        raise CheckpointError(f"{out} holds the checkpoint {src}: replacing it would delete the checkpoint; export to "
+                              "a folder outside it.")
 
     def records(folder: str, names: list[str]) -> set[str]:
         return TRAINING_RECORDS & set(names) if Path(folder).resolve() == src.resolve() else set()

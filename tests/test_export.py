@@ -285,6 +285,10 @@ def test_export_rejects_other_directories(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_vl_text"}))
     with pytest.raises(CheckpointError, match="'kimi_vl_text' config"):
         export_remote_code(tmp_path, tmp_path / "out")
+    for text in ("{oops", "[1, 2]"):  # unparsable, or not an object
+        (tmp_path / "config.json").write_text(text)
+        with pytest.raises(CheckpointError, match="config.json"):
+            export_remote_code(tmp_path, tmp_path / "out")
 
 
 def test_cli_export(checkpoint, tmp_path, capsys):
@@ -321,6 +325,10 @@ def test_export_leaves_out_training_records_and_never_mixes_checkpoints(checkpoi
     with pytest.raises(CheckpointError, match="inside the checkpoint"):
         export_remote_code(stage, stage / "published")
     assert export_remote_code(stage, stage) == stage and (stage / "state").is_dir()  # in place: nothing removed
+    (tmp_path / "precious.txt").write_text("x")  # exporting over the folder that holds the checkpoint
+    assert main(["export", str(stage), str(tmp_path), "--overwrite"]) == 2
+    assert "would delete the checkpoint" in capsys.readouterr().err
+    assert (stage / "state" / "step_00000010" / "optimizer.pt").is_file() and (tmp_path / "precious.txt").is_file()
 
 
 def test_export_writes_a_model_card_whose_code_runs(checkpoint, tmp_path, capsys):

@@ -15,7 +15,6 @@ source has a projector, `projector.safetensors` (load it with `MoonViTProjector.
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ..configuration import read_config_file
 from ..errors import CheckpointError, hub_id_hint
 from .configuration import MoonViTConfig
 from .moonvit import MoonViTModel
@@ -59,7 +59,7 @@ def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
     if not config_file.is_file():
         raise CheckpointError(f"{config_file} not found: point {converter} at a transformers checkpoint directory "
                               "(config.json + *.safetensors)." + hub_id_hint(src))
-    raw = json.loads(config_file.read_text())
+    raw = read_config_file(config_file)
     model_type = raw.get("model_type")
     if model_type not in expected:
         tip = f" Use `{tips[model_type]}` for that model type." if model_type in (tips or {}) else ""

@@ -169,6 +169,9 @@ def test_bad_inputs_leave_nothing(pair, tmp_path):
     (other / "config.json").write_text(json.dumps({"model_type": "kimi_linear"}))
     with pytest.raises(CheckpointError, match="kimi_linear.*convert kimi-linear"):
         convert_deepseek_v3(other, tmp_path / "out")
+    (other / "config.json").write_text("{oops")
+    with pytest.raises(CheckpointError, match="config.json cannot be read as JSON"):
+        convert_deepseek_v3(other, tmp_path / "out")
     # A missing expert tensor is named.
     broken = tmp_path / "broken"
     broken.mkdir()
