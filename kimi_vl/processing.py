@@ -79,6 +79,21 @@ def _count_videos(videos: Any) -> int:
     return 0 if videos is None else len(make_batched_videos(videos))
 
 
+def _check_images_per_sample(samples: list[str], images: Any, token: str) -> None:
+    """With one image list per text (`images=[[...], [...]]`), each text's placeholders must match its own list:
+    the images are otherwise handed out in order across the batch, to whichever text's placeholders come next."""
+    if not (isinstance(images, (list, tuple)) and images and all(isinstance(x, (list, tuple)) for x in images)):
+        return
+    if len(images) != len(samples):
+        raise InvalidMediaError(f"images holds {len(images)} per-text lists for {len(samples)} texts; give one list "
+                                "per text, in order (an empty list for a text without images).")
+    for i, (sample, own) in enumerate(zip(samples, images)):
+        if sample.count(token) != _count_images(own):
+            raise InvalidMediaError(
+                f"text {i} holds {sample.count(token)} image placeholder(s) ({token}) but its image list has "
+                f"{_count_images(own)}; give each text exactly its own images, one per placeholder, in order.")
+
+
 class KimiVLProcessor(ProcessorMixin):
     """Prepares Kimi-VL model inputs: chat template, media placeholder expansion, tokenization, image and video
     preprocessing (see the module docstring for the expansion rule and the output keys).
@@ -138,6 +153,7 @@ class KimiVLProcessor(ProcessorMixin):
                             f"were passed; give exactly one {name} per placeholder, in order (the chat template "
                             f"writes one per {name} part)."
                         )
+                _check_images_per_sample(samples, images, self.image_token)
         super().validate_inputs(images=images, text=text, videos=videos, audio=audio, **kwargs)
 
     def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs) -> BatchFeature:

@@ -100,6 +100,20 @@ def test_bare_placeholder_and_batch(proc):
     assert per_sample == [counts[0], counts[1] + counts[2]]
 
 
+def test_one_image_list_per_text(proc):
+    # each text gets its own list; a list that does not match its text is an error (the images were handed out in
+    # order across the batch: sample 1's image went to sample 0)
+    images = [_noise(30, 30, seed=i) for i in range(3)]
+    nested = proc(text=[f"{MEDIA_PAD}the cat", "a dog"], images=[[images[0]], []], padding=True, return_tensors="pt")
+    tokens = int(nested["image_grid_thw"][0].prod()) // 4
+    assert (nested["input_ids"] == proc.image_token_id).sum(-1).tolist() == [tokens, 0]
+    for second, lists, match in (("a dog", [[], [images[0]]], "text 0 holds 1 image placeholder.*has 0"),
+                                 (MEDIA_PAD * 2, [images[:2], images[2:]], "text 0 holds 1 image placeholder.*has 2"),
+                                 ("a dog", [[images[0]]], "1 per-text lists for 2 texts")):
+        with pytest.raises(InvalidMediaError, match=match):  # the batch's totals match in the first two
+            proc(text=[f"{MEDIA_PAD}the cat", second], images=lists, padding=True)
+
+
 def test_text_only(proc, tok):
     out = proc(text="the cat")
     assert set(out.keys()) == {"input_ids", "attention_mask"}
