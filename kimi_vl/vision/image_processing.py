@@ -7,6 +7,8 @@ Per image (read with `media.load_image`: EXIF orientation applied, converted to 
    Never upscaled; the aspect ratio is kept. Resizing is bicubic with antialiasing (torchvision).
    `do_resize=False` skips this step only.
 2. Padding: right and bottom with black up to a multiple of `patch * merge` (28), so every merge window is full.
+   Padding can take a very elongated image past `max_patches`: its short side grows to 28 px whatever the budget
+   (a 1 x 10000 image becomes 2 x 214 patches at `max_patches=64`), as in transformers' processor.
 3. Rescale to [0, 1], normalise with `image_mean` / `image_std` (0.5 each: padded pixels become -1.0).
 4. Patchify: `[3, H, W] -> [H/14 * W/14, 3, 14, 14]`, patches row-major.
 
