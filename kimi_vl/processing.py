@@ -79,6 +79,12 @@ def _count_videos(videos: Any) -> int:
     return 0 if videos is None else len(make_batched_videos(videos))
 
 
+def _describe(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "a list of " + ", ".join(sorted({type(x).__name__ for x in value})) if value else "an empty list"
+    return f"of type {type(value).__name__}"
+
+
 def _check_images_per_sample(samples: list[str], images: Any, token: str) -> None:
     """With one image list per text (`images=[[...], [...]]`), each text's placeholders must match its own list:
     the images are otherwise handed out in order across the batch, to whichever text's placeholders come next."""
@@ -164,10 +170,31 @@ class KimiVLProcessor(ProcessorMixin):
         `return_metadata=True`). Tokenizer options (`padding`, `return_tensors`, ...) and image / video processor
         options (`max_patches`, `fps`, `num_frames`, ...) may be passed as keywords.
         """
+        if text is not None and not (isinstance(text, str) or (
+                isinstance(text, (list, tuple)) and text and all(isinstance(t, str) for t in text))):
+            raise ConfigError(f"text must be a string or a non-empty list of strings, got {_describe(text)}.")
+        if audio is not None:
+            raise InvalidMediaError("Kimi-VL reads text, images and videos, not audio; leave audio out.")
         if _count_images(images) == 0:
             images = None
         videos = _drop_empty(videos)
         return super().__call__(images=images, text=text, videos=videos, audio=audio, **kwargs)
+
+    def apply_chat_template(self, conversation: Any, chat_template: str | None = None, **kwargs: Any) -> Any:
+        """transformers' `apply_chat_template` (one conversation, a list of messages, or a batch of them), after
+        checking that no conversation is empty and that no content part is audio."""
+        batch = conversation if conversation and isinstance(conversation[0], (list, tuple)) else [conversation]
+        for i, messages in enumerate(batch):
+            if not isinstance(messages, (list, tuple)) or not messages:
+                raise ConfigError(f"conversation {i} is {_describe(messages)}; pass a non-empty list of messages "
+                                  "({'role': ..., 'content': ...}), or a list of such lists for a batch.")
+            for m in messages:
+                content = m.get("content") if isinstance(m, dict) else None
+                if isinstance(content, (list, tuple)) and any(
+                        isinstance(p, dict) and p.get("type") in ("audio", "input_audio") for p in content):
+                    raise InvalidMediaError("Kimi-VL reads text, images and videos, not audio; remove the audio "
+                                            f"part of conversation {i}.")
+        return super().apply_chat_template(conversation, chat_template, **kwargs)
 
     def _process_videos(self, videos: Any, **kwargs: Any):
         # One flat list of videos (apply_chat_template nests them per conversation); file paths stay paths so the

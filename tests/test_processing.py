@@ -114,6 +114,23 @@ def test_one_image_list_per_text(proc):
             proc(text=[f"{MEDIA_PAD}the cat", second], images=lists, padding=True)
 
 
+@pytest.mark.parametrize("text, match", [([], "an empty list"), (5, "of type int"), ([1, "a"], "a list of int, str")])
+def test_text_must_be_strings(proc, text, match):
+    with pytest.raises(ConfigError, match=f"text must be a string or a non-empty list of strings, got {match}"):
+        proc(text=text)
+
+
+def test_chat_template_refuses_empty_conversations_and_audio(proc):
+    hello = [{"role": "user", "content": "hi"}]
+    for conversation, at in (([], 0), ([[]], 0), ([hello, []], 1)):
+        with pytest.raises(ConfigError, match=f"conversation {at} is an empty list"):
+            proc.apply_chat_template(conversation, tokenize=True)
+    audio = [{"role": "user", "content": [{"type": "audio", "path": "x.wav"}, {"type": "text", "text": "hi"}]}]
+    with pytest.raises(InvalidMediaError, match="not audio; remove the audio part of conversation 0"):
+        proc.apply_chat_template(audio, tokenize=True, return_dict=True)
+    assert len(proc.apply_chat_template([hello, hello], tokenize=True)) == 2
+
+
 def test_text_only(proc, tok):
     out = proc(text="the cat")
     assert set(out.keys()) == {"input_ids", "attention_mask"}
