@@ -32,6 +32,7 @@ from transformers.utils import TensorType
 from transformers.video_processing_utils import BaseVideoProcessor
 from transformers.video_utils import VideoMetadata
 
+from ..errors import InvalidMediaError
 from .image_processing import check_square_size, patch_grid, patchify, resize_and_pad
 from .media import DEFAULT_MAX_FRAMES, load_video, sample_frame_indices
 
@@ -51,6 +52,24 @@ def _is_file_input(videos: Any) -> bool:
     if isinstance(videos, (list, tuple)):
         return len(videos) > 0 and all(isinstance(v, (str, os.PathLike)) for v in videos)
     return isinstance(videos, (str, os.PathLike))
+
+
+def _check_frames(videos: Any) -> None:
+    """Decoded videos as frame lists (one list of PIL images or `[H, W, C]` arrays, or a list of such lists) must
+    each have at least one frame, all of one size: `InvalidMediaError` naming the video otherwise."""
+    if not isinstance(videos, (list, tuple)):
+        return
+    whole = [v for v in videos if isinstance(v, (list, tuple)) or getattr(v, "ndim", 0) == 4]  # else one video's frames
+    for i, frames in enumerate(whole if whole else [videos]):
+        if len(frames) == 0:
+            raise InvalidMediaError(f"video {i} has no frames; give each video at least one frame.")
+        if getattr(frames, "ndim", 0) == 4:
+            continue
+        sizes = {f.size[::-1] if hasattr(f, "size") and not hasattr(f, "shape") else tuple(np.shape(f)[:2])
+                 for f in frames}
+        if len(sizes) > 1:
+            raise InvalidMediaError(f"video {i} mixes frame sizes (height, width) {sorted(sizes)}; resize its frames "
+                                    "to one size.")
 
 
 class MoonViTVideoProcessor(BaseVideoProcessor):
@@ -79,6 +98,8 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
         if _is_file_input(videos):
             videos, kwargs["video_metadata"] = self._read_files(videos, kwargs)
             kwargs["do_sample_frames"] = False  # sampled while decoding
+        else:
+            _check_frames(videos)
         return super().preprocess(videos, **kwargs)
 
     def _read_files(self, sources: Any, kwargs: dict) -> tuple[list[np.ndarray], list[VideoMetadata]]:

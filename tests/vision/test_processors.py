@@ -206,6 +206,14 @@ def test_video_errors(video_pair, tmp_path):
         ours(np.zeros((4, 28, 28, 3), np.uint8))  # fps sampling (default) needs metadata fps
     with pytest.raises(ConfigError, match="max_height"):
         ours(np.zeros((4, 28, 28, 3), np.uint8), do_sample_frames=False, size={"max_height": 4, "max_width": 5})
+    square, wide = Image.new("RGB", (56, 56)), Image.new("RGB", (100, 30))
+    for videos, match in (([[]], "video 0 has no frames"), ([np.zeros((0, 28, 28, 3), np.uint8)], "video 0 has no frames"),
+                          ([square, wide], r"video 0 mixes frame sizes \(height, width\) \[\(30, 100\), \(56, 56\)\]"),
+                          ([[square], [square, wide]], "video 1 mixes frame sizes")):
+        with pytest.raises(InvalidMediaError, match=match):
+            ours(videos, do_sample_frames=False)
+    two = ours([np.zeros((3, 56, 56, 3), np.uint8), np.zeros((2, 30, 100, 3), np.uint8)], do_sample_frames=False)
+    assert two["video_grid_thw"].tolist() == [[3, 4, 4], [2, 4, 8]]  # two videos of their own sizes are fine
 
 
 @settings(max_examples=25, deadline=None)
