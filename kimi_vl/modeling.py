@@ -101,8 +101,10 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         **kwargs,
     ) -> CausalLMOutputWithPast:
         if inputs_embeds is None:
-            if input_ids is None:
-                raise ShapeError("Pass input_ids [B, T] (or inputs_embeds [B, T, hidden]).")
+            if input_ids is None or input_ids.dim() != 2:
+                got = "none" if input_ids is None else f"shape {tuple(input_ids.shape)}"
+                raise ShapeError(f"Pass input_ids [B, T] (or inputs_embeds [B, T, hidden]), got {got}; a single "
+                                 "sequence is ids[None].")
             decoding = cache is not None and cache.get_seq_length() > 0
             if decoding and pixel_values is None and pixel_values_videos is None:
                 # Decode steps carry no media (they were encoded at prefill); a generated placeholder id is text.

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from kimi_vl.configuration import KimiVLConfig
-from kimi_vl.errors import InvalidMediaError
+from kimi_vl.errors import InvalidMediaError, ShapeError
 from kimi_vl.modeling import KimiVLForConditionalGeneration
 from kimi_vl.text import KimiTextConfig
 from kimi_vl.vision import MoonViTConfig
@@ -106,6 +106,22 @@ def test_batch_with_0_1_and_3_media_equals_each_sample_alone():
         alone = model.generate(torch.tensor([rows[i]]), max_new_tokens=8, do_sample=False, pad_token_id=PAD,
                                eos_token_id=None, **one)
         assert torch.equal(out[i, -alone.shape[1]:], alone[0])
+
+
+def test_generate_checks_the_prompt_ids():
+    model = tiny_vl()
+    kw = dict(max_new_tokens=2, do_sample=False, pad_token_id=PAD, eos_token_id=None)
+    for ids, match in ((torch.tensor([3, 4]), r"\[B, T\] with T >= 1, got shape \(2,\)"),
+                       (torch.zeros(1, 0, dtype=torch.long), r"got shape \(1, 0\)"),
+                       (torch.tensor([[3, 80]]), "prompt id 80 is outside the vocabulary"),
+                       (torch.tensor([[-1, 3]]), "prompt id -1")):
+        with pytest.raises(ShapeError, match=match):
+            model.generate(ids, **kw)
+    assert model.generate(torch.tensor([[3, 79]]), **kw).shape == (1, 4)
+    model.config.image_token_id = 90  # a placeholder past the vocabulary (as K2.5's video placeholder) is fine
+    pixels, grid = image(2, 2)
+    prompt = torch.tensor([sample([3], [grid], [4], token=90)])
+    assert model.generate(prompt, pixel_values=pixels, image_grid_thw=torch.tensor([grid]), **kw).shape == (1, 6)
 
 
 def test_routers_count_the_media_tokens_but_not_the_padding():

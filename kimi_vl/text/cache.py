@@ -13,11 +13,12 @@ long-context decode benchmarks read exactly what a real prefill would have writt
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from transformers.cache_utils import Cache
 
-from ..errors import KimiVLError
+from ..errors import KimiVLError, ShapeError
 from .configuration import KimiTextConfig
 
 
@@ -168,9 +169,26 @@ class KimiHybridCache(Cache):
 
 
 class HybridCacheGenerationMixin:
-    """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` gets a `KimiHybridCache` (built
-    from `config.get_text_config()`, preallocated for the prompt and the new tokens) unless the caller passes a
-    cache or turns caching off."""
+    """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` checks its prompt ids and gets a
+    `KimiHybridCache` (built from `config.get_text_config()`, preallocated for the prompt and the new tokens) unless
+    the caller passes a cache or turns caching off."""
+
+    def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
+        """transformers' `generate`; prompt ids must be `[B, T]` with T >= 1, each in the vocabulary or a media
+        placeholder id of the config (`ShapeError` otherwise, where torch would fail deep inside)."""
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        if isinstance(ids, torch.Tensor) and not ids.is_floating_point() and kwargs.get("inputs_embeds") is None:
+            if ids.dim() != 2 or ids.shape[1] == 0:
+                raise ShapeError(f"prompt ids must be [B, T] with T >= 1, got shape {tuple(ids.shape)}; a single "
+                                 "prompt is ids[None].")
+            vocab = self.config.get_text_config().vocab_size
+            media = [i for i in (getattr(self.config, "image_token_id", None),
+                                 getattr(self.config, "video_token_id", None)) if i is not None]
+            bad = (ids < 0) | ((ids >= vocab) & ~torch.isin(ids, torch.tensor(media, device=ids.device)))
+            if bad.any():
+                raise ShapeError(f"prompt id {int(ids[bad][0])} is outside the vocabulary (0..{vocab - 1}); encode the "
+                                 "prompt with this model's tokenizer or processor.")
+        return super().generate(inputs, *args, **kwargs)
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
