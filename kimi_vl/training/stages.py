@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from ..configuration import KimiVLConfig
+from ..configuration import KimiVLConfig, read_config_file
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
 from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
@@ -42,7 +42,7 @@ from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
-from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
+from .config import RUN_CONFIG, RunConfig, check_out_dir, resolve, write_run_config
 from .distributed import barrier, collective_device, gather_ints, init_distributed, is_main_process
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset, warn_without_cuda
@@ -177,12 +177,21 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a model checkpoint directory (no config.json); pass the --out "
                               "directory of a finished `kimi-vl train` stage." + hub_id_hint(path))
+    model_type = read_config_file(path / "config.json").get("model_type")  # before transformers reads the weights
+    if model_type != KimiVLConfig.model_type:
+        what = f"is a {model_type!r} checkpoint" if model_type else "has a config.json without a model_type"
+        raise CheckpointError(f"{path} {what}, not a {KimiVLConfig.model_type} one; pass a folder written by a "
+                              "kimi-vl training stage or save_pretrained (convert released weights with kimi-vl "
+                              "convert).")
     model = KimiVLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     return model, KimiVLProcessor.from_pretrained(path)
 
 
-def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overrides: dict[str, Any]) -> RunConfig:
-    """The stage's resolved configuration (before anything runs: a GPU preset without CUDA warns here)."""
+def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overrides: dict[str, Any],
+            out_dir: Path) -> RunConfig:
+    """The stage's resolved configuration (before anything runs: a GPU preset without CUDA warns here, an `out_dir`
+    that cannot be a folder is refused)."""
+    check_out_dir(out_dir)
     if config is None:
         config = resolve(stage, preset, overrides, seed=seed)
     elif overrides or config.stage != stage:
@@ -252,7 +261,7 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", seed: int = 0, config
              **settings: Any) -> Path:
     """Joint text-vision pre-training from scratch; returns the checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
-    cfg = _config("pretrain", config, preset, seed, settings)
+    cfg = _config("pretrain", config, preset, seed, settings, out_dir)
     if _finished(out_dir, cfg):
         return out_dir
     processor = _processor_for(out_dir, cfg)
@@ -265,7 +274,7 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
         config: RunConfig | None = None, **settings: Any) -> Path:
     """SFT of the checkpoint in `from_dir` (zero-vision on the embedded data); returns `out_dir`."""
     out_dir = Path(out_dir)
-    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings)
+    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings, out_dir)
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir)
@@ -325,7 +334,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
-    cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings)
+    cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings, out_dir)
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     data = cfg.data

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -56,6 +57,46 @@ class BatchSource(Protocol):
 def _packed_only(default: Any) -> Any:
     """A `TrainConfig` field of the packed-data stages (pretrain, sft) only; the others apply to RL as well."""
     return field(default=default, metadata={"stages": ("pretrain", "sft")})
+
+
+_COUNT_MINIMA = {"steps": 1, "grad_accum": 1, "warmup_steps": 0, "nan_patience": 0, "checkpoint_every": 1,
+                 "keep_checkpoints": 1, "val_every": 0, "val_batches": 1}
+"""The least value of each count (integer setting) of `TrainConfig`."""
+
+_FLOAT_RANGES: dict[str, tuple[float, bool, float | None, str | None]] = {
+    "lr": (0, False, None, None),
+    "weight_decay": (0, True, None, None),
+    "qk_clip_tau": (0, False, None, "to disable QK-Clip"),
+    "decay_fraction": (0, True, 1, None),
+    "min_lr_ratio": (0, True, 1, None),
+    "max_grad_norm": (0, False, None, "to disable clipping"),
+    "router_bias_rate": (0, True, None, None),
+    "max_minutes": (0, False, None, "for no time limit"),
+}
+"""The range of each real-valued setting of `TrainConfig`: `(lowest, whether lowest itself is allowed, highest
+(included) or None, what None means where it is allowed)`; every value must also be finite."""
+
+
+def _check_float(name: str, value: Any, low: float, low_allowed: bool, high: float | None,
+                 none_means: str | None) -> None:
+    """`ConfigError` naming `name`, `value` and the allowed range unless `value` lies in it (see `_FLOAT_RANGES`)."""
+    if value is None and none_means is not None:
+        return
+    allowed = (f"in [{low:g}, {high:g}]" if high is not None else f"{'>=' if low_allowed else '>'} {low:g}") + (
+        f" (or none/null {none_means})" if none_means is not None else "")
+    if not isinstance(value, numbers.Real) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be a number {allowed}, got {value!r}.")
+    shown = f"{value:g}" if float(value).is_integer() else repr(float(value))
+    if not math.isfinite(value):
+        raise ConfigError(f"{name} must be finite and {allowed}, got {shown}.")
+    if value < low or (value == low and not low_allowed) or (high is not None and value > high):
+        raise ConfigError(f"{name} must be {allowed}, got {shown}.")
+
+
+def _check_count(name: str, value: Any, lowest: int) -> None:
+    """`ConfigError` naming `name`, `value` and the least allowed unless `value` is an integer >= `lowest`."""
+    if not isinstance(value, numbers.Integral) or isinstance(value, bool) or value < lowest:
+        raise ConfigError(f"{name} must be an integer >= {lowest}, got {value!r}.")
 
 
 @dataclass
@@ -123,20 +164,16 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_installed(parse_report_to(self.report_to))  # before a stage builds its data
-        if self.steps < 1 or self.grad_accum < 1:
-            raise ConfigError(f"steps and grad_accum must be >= 1 (got {self.steps}, {self.grad_accum}).")
+        for name, lowest in _COUNT_MINIMA.items():
+            _check_count(name, getattr(self, name), lowest)
+        for name, (low, low_allowed, high, none_means) in _FLOAT_RANGES.items():
+            _check_float(name, getattr(self, name), low, low_allowed, high, none_means)
         if self.optimizer not in ("muonclip", "adamw"):
             raise ConfigError(f"optimizer must be 'muonclip' or 'adamw', got {self.optimizer!r}.")
-        if not 0 <= self.decay_fraction <= 1 or not 0 <= self.min_lr_ratio <= 1:
-            raise ConfigError("decay_fraction and min_lr_ratio must lie in [0, 1].")
         if self.loss_normalisation not in ("token", "document"):
             raise ConfigError(f"loss_normalisation must be 'token' or 'document', got {self.loss_normalisation!r}.")
         if self.precision not in ("auto", "no", "bf16"):
             raise ConfigError(f"precision must be 'auto', 'no' or 'bf16', got {self.precision!r}.")
-        if self.checkpoint_every < 1 or self.keep_checkpoints < 1:
-            raise ConfigError("checkpoint_every and keep_checkpoints must be >= 1.")
-        if self.max_minutes is not None and not self.max_minutes > 0:
-            raise ConfigError(f"max_minutes must be a positive number of minutes (or none), got {self.max_minutes}.")
 
 
 def wsd_lr(step: int, cfg: TrainConfig) -> float:

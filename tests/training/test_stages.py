@@ -133,6 +133,42 @@ def test_stage_errors(tmp_path):
         pretrain(tmp_path / "p", preset="huge", progress=False)
 
 
+def test_a_bad_from_or_out_folder_is_a_clear_error(pretrained, tmp_path):
+    """A `--from` folder whose config.json is not JSON, or that holds another kind of model, and an `--out` that is a
+    file are refused before anything loads or trains, naming the path."""
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text("{oops")
+    with pytest.raises(CheckpointError, match=re.escape(str(broken / "config.json"))):
+        sft(broken, tmp_path / "out", steps=1, progress=False)
+    foreign = tmp_path / "llama"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    for stage in (sft, rl):
+        with pytest.raises(CheckpointError, match=re.escape(f"{foreign} is a 'llama' checkpoint, not a kimi_vl one; "
+                                                            "pass a folder written by a kimi-vl training stage")):
+            stage(foreign, tmp_path / "out", steps=1, progress=False)
+    afile = tmp_path / "afile"
+    afile.touch()
+    with pytest.raises(ConfigError, match=re.escape(f"--out {afile} is a file, not a directory; pass a directory")):
+        sft(pretrained, afile, steps=1, progress=False)
+    with pytest.raises(ConfigError, match=re.escape(f"--out {afile / 'run'} lies in {afile}, which is a file")):
+        pretrain(afile / "run", steps=1, progress=False)
+    assert afile.read_bytes() == b"" and not (tmp_path / "out").exists()
+
+
+def test_cli_refuses_a_setting_out_of_range(pretrained, tmp_path, capsys):
+    """`--max-grad-norm -1` would clip by flipping the gradient (gradient ascent): the command stops before training,
+    naming the setting, its value and its range."""
+    assert main(["train", "sft", "--from", str(pretrained), "--out", str(tmp_path / "x"), "--steps", "2",
+                 "--max-grad-norm", "-1"]) == 2
+    assert ("kimi-vl: error: max_grad_norm must be > 0 (or none/null to disable clipping), got -1."
+            in capsys.readouterr().err)
+    assert main(["train", "sft", "--from", str(pretrained), "--out", str(tmp_path / "x"), "--lr", "nan"]) == 2
+    assert "lr must be finite and > 0, got nan." in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
 def test_a_gpu_preset_warns_that_it_would_run_on_the_cpu(monkeypatch, tmp_path):
     """`--preset small` without a CUDA device would train for days on the CPU: a stage (the quickstart's first, or
     `kimi-vl train`) says so when it resolves its configuration, before it loads or trains anything."""

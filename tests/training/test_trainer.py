@@ -2,6 +2,7 @@
 SIGTERM."""
 
 import json
+import math
 import os
 import signal
 from collections import Counter
@@ -13,6 +14,7 @@ import torch
 from kimi_vl.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
+from kimi_vl.training.config import resolve
 from kimi_vl.training.plots import plot_metrics
 from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics, unigram_entropy, wsd_lr
 
@@ -73,6 +75,45 @@ def test_wsd_schedule():
     assert all(lr == 1.0 for lr in lrs[10:80])
     assert all(a > b for a, b in zip(lrs[80:], lrs[81:]))
     assert lrs[99] == pytest.approx(0.1)
+
+
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("setting, value, message", [
+    ("max_grad_norm", -1, "max_grad_norm must be > 0 (or none/null to disable clipping), got -1."),
+    ("max_grad_norm", 0.0, "max_grad_norm must be > 0 (or none/null to disable clipping), got 0."),
+    ("max_grad_norm", NAN, "max_grad_norm must be finite and > 0 (or none/null to disable clipping), got nan."),
+    ("lr", NAN, "lr must be finite and > 0, got nan."),
+    ("lr", INF, "lr must be finite and > 0, got inf."),
+    ("lr", -1e-3, "lr must be > 0, got -0.001."),
+    ("weight_decay", NAN, "weight_decay must be finite and >= 0, got nan."),
+    ("weight_decay", -1, "weight_decay must be >= 0, got -1."),
+    ("router_bias_rate", NAN, "router_bias_rate must be finite and >= 0, got nan."),
+    ("qk_clip_tau", -5.0, "qk_clip_tau must be > 0 (or none/null to disable QK-Clip), got -5."),
+    ("decay_fraction", NAN, "decay_fraction must be finite and in [0, 1], got nan."),
+    ("min_lr_ratio", 1.5, "min_lr_ratio must be in [0, 1], got 1.5."),
+    ("max_minutes", INF, "max_minutes must be finite and > 0 (or none/null for no time limit), got inf."),
+    ("warmup_steps", -3, "warmup_steps must be an integer >= 0, got -3."),
+    ("val_every", -1, "val_every must be an integer >= 0, got -1."),
+    ("nan_patience", -1, "nan_patience must be an integer >= 0, got -1."),
+    ("steps", 0, "steps must be an integer >= 1, got 0."),
+])
+def test_settings_out_of_range_are_refused_naming_the_setting_value_and_range(setting, value, message):
+    """A NaN, infinite or out-of-range setting would train (to NaN weights, by gradient ascent, or not at all) and
+    mark the run complete; it is refused when the configuration is built, whichever optimizer trains."""
+    for optimizer in ("muonclip", "adamw"):
+        with pytest.raises(ConfigError) as e:
+            cfg(optimizer=optimizer, **{setting: value})
+        assert str(e.value) == message
+
+
+def test_none_still_turns_clipping_and_qk_clip_off(tmp_path):
+    """`none` / `null` (command line, config file) or None is how clipping and QK-Clip are turned off; it trains."""
+    resolved = resolve("sft", "tiny", {"max_grad_norm": "none", "qk_clip_tau": "null"}).train
+    assert resolved.max_grad_norm is None and resolved.qk_clip_tau is None
+    last = Trainer(tiny_lm(), CountingData(), cfg(steps=2, max_grad_norm=None, qk_clip_tau=None), tmp_path).train()
+    assert last["step"] == 2 and math.isfinite(last["loss"]) and math.isfinite(last["grad_norm"])
 
 
 def test_trainer_learns_and_logs(tmp_path):
@@ -315,7 +356,7 @@ def test_a_callers_own_signal_handler_stays_in_charge(tmp_path):
 def test_a_time_limit_ends_the_run_with_a_checkpoint(tmp_path):
     """`max_minutes` passed (here at once): the run stops after its first step with a checkpoint, exit status 124 as
     `timeout`'s; the rerun, without the limit, goes on to the uninterrupted curve."""
-    with pytest.raises(ConfigError, match="max_minutes must be a positive number"):
+    with pytest.raises(ConfigError, match=r"max_minutes must be > 0 \(or none/null for no time limit\), got 0\."):
         cfg(max_minutes=0)
     Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100), tmp_path / "full").train()
     cut = tmp_path / "cut"
