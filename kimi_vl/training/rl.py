@@ -89,6 +89,9 @@ class RLConfig:
             raise ConfigError(f"algorithm={self.algorithm!r}; choose one of {ALGORITHMS}.")
         if self.k < 1:
             raise ConfigError(f"k={self.k}: sample at least one response per prompt (K2.5 and GRPO need k >= 2).")
+        for name in ("alpha", "beta", "tau", "kl_coef", "clip_eps", "temperature", "top_p"):
+            if not math.isfinite(getattr(self, name)):
+                raise ConfigError(f"{name}={getattr(self, name)} must be a finite number.")
         if not self.alpha < self.beta:
             raise ConfigError(f"alpha={self.alpha} must be below beta={self.beta} (bounds of the kept log-ratios).")
         if self.tau < 0 or self.kl_coef < 0 or self.clip_eps <= 0:

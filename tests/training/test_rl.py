@@ -222,6 +222,10 @@ def test_rl_config_validation():
         RLConfig(alpha=0.5, beta=0.1)
     with pytest.raises(ConfigError, match="greedy"):
         RLConfig(temperature=0)
+    for name, value in (("tau", float("nan")), ("kl_coef", float("nan")), ("clip_eps", float("nan")),
+                        ("temperature", float("inf")), ("beta", float("inf"))):
+        with pytest.raises(ConfigError, match=f"{name}={value} must be a finite number"):
+            RLConfig(**{name: value})
 
 
 # ------------------------------------------------------------------------------------------------------ tiny models
