@@ -9,9 +9,22 @@ import dataclasses
 import re
 import types
 import typing
+from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+
+
+def check_output_dir(path: str | Path, option: str = "--out") -> None:
+    """`ConfigError` when the output folder `path` cannot be one: it, or a folder it would be made in, is an existing
+    file (`option` names the command-line option in the message)."""
+    path = Path(path)
+    for folder in (path, *path.parents):
+        if folder.exists():
+            if not folder.is_dir():
+                where = "" if folder == path else f" lies in {folder}, which"
+                raise ConfigError(f"{option} {path}{where} is a file, not a directory; pass a directory path.")
+            return
 
 
 def attribute_docs(cls: type) -> dict[str, str]:

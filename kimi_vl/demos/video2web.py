@@ -43,6 +43,7 @@ from ..data.screencast import SECTIONS, PageSpec, page_html
 from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
+from ..eval.report import make_output_dir
 from ..vision.media import VideoFrames, load_video
 from .html_repair import repair_html
 
@@ -112,7 +113,8 @@ def load_model(
 
     Raises:
         CheckpointError: the directory or its config / weights / processor files are missing or unreadable.
-        ConfigError: the model has no vision encoder, or the processor no video processor.
+        ConfigError: the model has no vision encoder, or the processor no video processor; a `device` this machine
+            does not have (`kimi_vl.eval.generation.resolve_device`, the check `kimi-vl eval` makes too).
     """
     from ..eval.generation import Engine
 
@@ -231,6 +233,9 @@ def generate_html(
     """
     if max_new_tokens <= 0:
         raise ConfigError(f"max_new_tokens must be positive, got {max_new_tokens}.")
+    if do_sample and not (math.isfinite(temperature) and temperature > 0):
+        raise ConfigError(f"temperature must be a positive number when sampling, got {temperature}; "
+                          "use do_sample=False for greedy decoding.")
     device = next(model.parameters()).device
     inputs = {k: v.to(device) for k, v in _model_inputs(processor, clip).items()}
     prompt_len = inputs["input_ids"].shape[1]
@@ -425,11 +430,7 @@ def run_video2web(
         model, processor, clip, max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature
     )
     document = repair_html(reply)
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ConfigError(f"cannot create the output directory {str(out)!r} ({exc}); pass a writable -o DIR.") from exc
+    out = make_output_dir(out_dir, "-o")
     site = out / "site.html"
     site.write_text(document, encoding="utf-8", newline="")
     (out / "reply.txt").write_text(reply, encoding="utf-8", newline="")
@@ -457,6 +458,13 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _temperature(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be a number >= 0 (0: greedy decoding), got {text}")
     return value
 
 
@@ -494,7 +502,7 @@ def add_video2web_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("--max-video-tokens", type=_positive_int, default=DEFAULT_MAX_VIDEO_TOKENS,
                    help="cap on vision tokens; long videos get fewer frames (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=_positive_int, default=512, help="generation length cap")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; > 0: sampling")
+    p.add_argument("--temperature", type=_temperature, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1, ...); default: cuda when "
                    "available")
     p.add_argument("--render", action="store_true", help="render site.html with headless Chromium: render.png, "

@@ -34,8 +34,8 @@ class EvalConfig:
     Attributes:
         data_dir: local benchmark files (DIR/mmlu_pro/test*.parquet|jsonl, DIR/mmlu_pro/validation*...,
             DIR/mathvista/testmini.json + images/); none: download them from the hub.
-        limit: at most N items per benchmark (MMLU-Pro: round-robin over categories; MathVista: the first ones;
-            proxies: that many generated items); none: all.
+        limit: at most N items per benchmark, N >= 1 (MMLU-Pro: round-robin over categories; MathVista: the first
+            ones; proxies: that many generated items); none: all.
         batch_size: prompts per generation batch.
         max_new_tokens: generation budget of every benchmark; none: each benchmark's own (2048 MMLU-Pro, 1024
             MathVista, 128 proxies).
@@ -83,7 +83,7 @@ class EvalConfig:
             if "choices" in f.metadata and value not in f.metadata["choices"]:
                 raise ConfigError(f"{f.name} must be one of {', '.join(f.metadata['choices'])}; got {value!r}.")
             object.__setattr__(self, f.name, value)
-        minimum = {"limit": 0, "batch_size": 1, "max_new_tokens": 1, "num_shots": 0, "max_model_length": 1}
+        minimum = {"limit": 1, "batch_size": 1, "max_new_tokens": 1, "num_shots": 0, "max_model_length": 1}
         for name, low in minimum.items():
             value = getattr(self, name)
             if value is not None and value < low:

@@ -19,20 +19,21 @@ from __future__ import annotations
 import json
 import os
 import socket
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 from urllib.request import getproxies, proxy_bypass
 
-from ..errors import DataUnavailableError
+from ..errors import BadRecordError, DataUnavailableError
 
 HUB_PROBE_TIMEOUT_S = 3.0
 """Seconds the hub probe waits for a TCP connection before declaring the hub unreachable."""
 
 DATA_EXTENSIONS = (".parquet", ".jsonl", ".json")
 
-
+RowCheck = Callable[[Mapping[str, Any]], "str | None"]
+"""A row check: what is wrong with a row (a sentence), or None when it can be used."""
 
 
 def _truthy(value: str | None) -> bool:
@@ -91,16 +92,17 @@ def load_hub_dataset(repo: str, split: str | None, *, hint: str) -> Any:
         raise DataUnavailableError(f"could not load {repo}{offline}: {exc}; {hint}") from exc
 
 
-def _read_file(path: Path) -> list[dict[str, Any]]:
-    """Rows of one parquet / JSONL / JSON file (a dict of rows keyed by id gives its values, in order)."""
+def _read_file(path: Path) -> list[tuple[int, dict[str, Any]]]:
+    """`(number, row)` of each row of one parquet / JSONL / JSON file (a dict of rows keyed by id gives its values, in
+    order); `number` is the line of a JSONL row, else the row's position, counted from 1."""
     try:
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
-            return pq.read_table(path).to_pylist()
+            return list(enumerate(pq.read_table(path).to_pylist(), 1))
         if path.suffix == ".jsonl":
             with open(path, encoding="utf-8") as f:
-                return [json.loads(line) for line in f if line.strip()]
+                return [(n, json.loads(line)) for n, line in enumerate(f, 1) if line.strip()]
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
@@ -113,7 +115,19 @@ def _read_file(path: Path) -> list[dict[str, Any]]:
         raise DataUnavailableError(f"{path} holds a JSON {type(data).__name__}; expected a list or a dict of rows.")
     if not all(isinstance(r, dict) for r in rows):
         raise DataUnavailableError(f"{path}: every row must be a JSON object.")
-    return rows
+    return list(enumerate(rows, 1))
+
+
+def check_rows(rows: Sequence[tuple[int, Mapping[str, Any]]], check: RowCheck, source: str, fix: str) -> None:
+    """Apply `check` to every `(number, row)` of `source` (a file, or a hub dataset's split).
+
+    Raises:
+        BadRecordError (a DataError): the first row `check` finds wrong, as `SOURCE:NUMBER: what is wrong; fix`.
+    """
+    for number, row in rows:
+        reason = check(row)
+        if reason:
+            raise BadRecordError(f"{reason}; {fix}", source, number)
 
 
 def split_files(data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], split: str) -> list[Path]:
@@ -133,13 +147,16 @@ def split_files(data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], spli
 
 
 def load_local_split(
-    data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], split: str, *, required: bool = True, hint: str = ""
+    data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], split: str, *, required: bool = True, hint: str = "",
+    check: RowCheck | None = None, fix: str = "fix the row or remove it",
 ) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Rows of `split` read from the local files under `data_dir` and the files they came from.
+    """Rows of `split` read from the local files under `data_dir` and the files they came from; with `check`,
+    every row is checked (`check_rows`, `fix` ending the message) as its file is read.
 
     Raises:
         DataUnavailableError: no file for the split (when `required`; `hint`, e.g. why the split is needed, ends
             the message), or an unreadable file.
+        BadRecordError: a row `check` finds wrong (the message names the file and the row).
     """
     files = split_files(data_dir, benchmark_dirs, split)
     if not files:
@@ -152,16 +169,33 @@ def load_local_split(
         )
     rows: list[dict[str, Any]] = []
     for path in files:
-        rows.extend(_read_file(path))
+        numbered = _read_file(path)
+        if check is not None:
+            check_rows(numbered, check, str(path), fix)
+        rows.extend(row for _, row in numbered)
     return rows, files
+
+
+def require_rows(rows: Sequence[Any], split: str, source: str | Sequence[os.PathLike], fix: str) -> None:
+    """Raise when a benchmark split has no rows at all (an empty file would otherwise score "0/0").
+
+    Raises:
+        DataUnavailableError: `no SPLIT rows in SOURCE; fix`.
+    """
+    if not rows:
+        where = source if isinstance(source, str) else ", ".join(str(p) for p in source)
+        raise DataUnavailableError(f"no {split} rows in {where}; {fix}")
 
 
 __all__ = [
     "DataUnavailableError",
     "HUB_PROBE_TIMEOUT_S",
+    "RowCheck",
+    "check_rows",
     "hub_offline",
     "hub_reachable",
     "load_hub_dataset",
     "load_local_split",
+    "require_rows",
     "split_files",
 ]

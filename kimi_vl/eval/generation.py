@@ -81,6 +81,37 @@ def eos_token_ids(model: Any, tokenizer: Any) -> list[int]:
     return ids
 
 
+def resolve_device(device: str | torch.device | None) -> str:
+    """The device to run on: `device` checked (a torch device this machine has), or cuda when available, else cpu.
+    One check for every command that takes `--device` (`kimi-vl eval`, `kimi-vl demo video2web`).
+
+    Raises:
+        ConfigError: `device` is not a torch device, or this machine does not have it (no CUDA, no such GPU).
+    """
+    if device is None or device == "":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    text = str(device).strip()
+    try:
+        kind = torch.device(text)
+    except (RuntimeError, ValueError, TypeError):
+        raise ConfigError(f"--device {text} is not a torch device (cpu, cuda, cuda:N, mps).") from None
+    if kind.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {text}: CUDA is not available on this machine; use --device cpu.")
+        count = torch.cuda.device_count()
+        if kind.index is not None and kind.index >= count:
+            raise ConfigError(f"--device {text}: this machine has {count} CUDA device{'s' if count > 1 else ''} "
+                              f"(cuda:0{f' to cuda:{count - 1}' if count > 1 else ''}); pick one of them.")
+    elif kind.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {text}: MPS is not available on this machine; use --device cpu.")
+    elif kind.type != "cpu":
+        backend = getattr(torch, kind.type, None)
+        if backend is None or not callable(getattr(backend, "is_available", None)) or not backend.is_available():
+            raise ConfigError(f"--device {text}: {kind.type} is not available on this machine; use --device cpu.")
+    return text
+
+
 @dataclass
 class Engine:
     """A model ready for batched greedy generation (see the module docstring).
@@ -119,11 +150,12 @@ class Engine:
         """Load a saved model directory (our models or any transformers causal / image-text-to-text model).
 
         Args:
-            device: `"cuda"`, `"cpu"`, ...; default CUDA when available.
+            device: `"cuda"`, `"cpu"`, ...; default CUDA when available (checked by `resolve_device`).
             dtype: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`, `"bfloat16"` or `"float16"`.
 
         Raises:
             CheckpointError: not a model directory, or the model / tokenizer cannot be loaded.
+            ConfigError: a device this machine does not have (`resolve_device`), or a bad dtype.
         """
         import transformers
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
@@ -131,6 +163,10 @@ class Engine:
         import kimi_vl  # noqa: F401 - registers the Kimi-VL Auto classes
 
         path = Path(model_dir)
+        if path.exists() and not path.is_dir():
+            raise CheckpointError(f"{str(path)!r} is a file, not a model directory; pass the folder written by "
+                                  "save_pretrained or a training stage (the one holding config.json, the weights and "
+                                  "the tokenizer / processor files).")
         if not path.is_dir():
             raise CheckpointError(f"model directory {str(path)!r} does not exist; pass a folder written by "
                                   "save_pretrained or a training stage." + hub_id_hint(path))
@@ -139,7 +175,7 @@ class Engine:
                 f"{path} is not a saved model directory (no config.json); pass the folder written by "
                 "save_pretrained (model weights + config + tokenizer/processor files)."
             )
-        device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+        device = resolve_device(device)
         if dtype == "auto":
             torch_dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
         elif dtype in ("float32", "bfloat16", "float16"):
@@ -274,4 +310,4 @@ class Engine:
         return extract
 
 
-__all__ = ["Engine", "GenerationRequest", "cut_at_stop", "first_line"]
+__all__ = ["Engine", "GenerationRequest", "cut_at_stop", "first_line", "resolve_device"]

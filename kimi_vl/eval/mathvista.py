@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..edit_distance import levenshtein
 from ..errors import ConfigError, InvalidMediaError
-from .data import DataUnavailableError, load_hub_dataset, load_local_split
+from .data import DataUnavailableError, load_hub_dataset, load_local_split, require_rows
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -443,14 +443,17 @@ def load_mathvista(data_dir: str | os.PathLike | None = None, split: str = SPLIT
     images), else from the hub (rows carry `decoded_image`).
 
     Raises:
-        DataUnavailableError: the hub is unreachable (pass `data_dir`), or the local files are missing.
+        DataUnavailableError: the hub is unreachable (pass `data_dir`), the local files are missing, or they hold
+            no rows.
     """
     if data_dir is not None:
         rows, files = load_local_split(data_dir, BENCHMARK_DIRS, split)
+        require_rows(rows, split, files, f"put the MathVista {split} problems there ({_LAYOUT_HINT}).")
         for r in rows:
             r.setdefault("_image_root", str(files[0].parent))
     else:
         rows = list(load_hub_dataset(HF_REPO, split, hint=_LAYOUT_HINT))
+        require_rows(rows, split, f"{HF_REPO} (hub)", f"{_LAYOUT_HINT}.")
     problems: dict[str, dict[str, Any]] = {}
     for r in rows:
         if "pid" not in r or "answer" not in r:
@@ -475,12 +478,13 @@ def resolve_image(problem: Mapping[str, Any], image_root: str | os.PathLike | No
         return decoded
     rel = problem.get("image")
     roots = [r for r in (image_root, problem.get("_image_root")) if r]
-    tried = []
+    tried: list[str] = []
     for root in roots:
         for candidate in (Path(root) / str(rel), Path(root) / "images" / Path(str(rel)).name):
-            tried.append(str(candidate))
             if rel and candidate.is_file():
                 return candidate
+            if str(candidate) not in tried:  # `images/<name>` gives the same path both ways: listed once
+                tried.append(str(candidate))
     raise InvalidMediaError(
         f"no image for MathVista problem {problem.get('pid')} (image={rel!r}; looked at {tried or 'nothing'}): put "
         "the dataset's images (images.zip of AI4Math/MathVista, unzipped) next to the data file as images/<pid>.jpg."

@@ -30,11 +30,11 @@ import os
 import random
 import re
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from ..errors import ConfigError
-from .data import DataUnavailableError, load_hub_dataset, load_local_split
+from .data import check_rows, load_hub_dataset, load_local_split, require_rows
 
 HF_REPO = "TIGER-Lab/MMLU-Pro"
 BENCHMARK_DIRS = ("mmlu_pro", "MMLU-Pro", "mmlu-pro")
@@ -91,32 +91,88 @@ _LAYOUT_HINT = (
 )
 
 
+_ROW_FIX = (
+    "fix the row or remove it (MMLU-Pro rows: question text, category non-empty text, options a list of option "
+    "texts, answer the letter of the option at answer_index, counted from 0 (A = 0); validation rows: question, "
+    "category, options and cot_content, the worked answer)"
+)
+
+
+def check_row(row: Mapping[str, Any], split: str = "test") -> str | None:
+    """What makes `row` of `split` (`"test"` or `"validation"`) unusable, or None: the fields the protocol reads
+    must be there with the dataset's types - `question` text, `category` non-empty text, `options` a list of option
+    texts with at least one besides the `"N/A"` padding, and on test rows `answer` the letter (A, B, ...) of the
+    option at `answer_index`, as the official data has it; on validation rows `cot_content` text."""
+    needed = ("question", "options", "answer", "answer_index", "category") if split == "test" else (
+        "question", "options", "cot_content", "category")
+    missing = [f for f in needed if f not in row]
+    if missing:
+        return f"{split} row {_row_id(row)} lacks the field{'s' if len(missing) > 1 else ''} {', '.join(missing)}"
+    where = f"{split} row {_row_id(row)}"
+    if not isinstance(row["question"], str):
+        return f"{where}: `question` must be text, got {row['question']!r}"
+    if not isinstance(row["category"], str) or not row["category"].strip():
+        return f"{where}: `category` must be non-empty text (e.g. 'math'), got {row['category']!r}"
+    options = row["options"]
+    if not isinstance(options, (list, tuple)) or not all(isinstance(o, str) for o in options):
+        return f"{where}: `options` must be a list of option texts, got {options!r}"
+    kept = [o for o in options if o != "N/A"]
+    if not kept:
+        return f"{where}: `options` has no option (besides \"N/A\" padding): {options!r}"
+    if split != "test":
+        return None if isinstance(row["cot_content"], str) else (
+            f"{where}: `cot_content` must be text (the worked answer), got {row['cot_content']!r}")
+    index, answer = row["answer_index"], row["answer"]
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(kept):
+        return (f"{where}: `answer_index` must be the position of the right option, from 0 to {len(kept) - 1} for "
+                f"its {len(kept)} options, got {index!r}")
+    if answer != CHOICES[index]:
+        return (f"{where}: `answer` must be the letter of the option at answer_index {index}, "
+                f"{CHOICES[index]!r}, got {answer!r}")
+    return None
+
+
+def _row_id(row: Mapping[str, Any]) -> str:
+    return f"(question_id {row['question_id']!r})" if "question_id" in row else "(no question_id)"
+
+
 def load_mmlu_pro(
     data_dir: str | os.PathLike | None = None, *, validation: bool = True
 ) -> tuple[list[dict], list[dict]]:
     """The preprocessed `(test, validation)` rows, from `data_dir` when given, else from the hub.
 
     The validation rows are the worked examples of k-shot prompts; with `validation=False` (0-shot) they are
-    neither read nor required and the second list is empty.
+    neither read nor required and the second list is empty. Every row read is checked (`check_row`) before it is
+    used.
 
     Raises:
-        DataUnavailableError: the hub is unreachable (pass `data_dir`), or the local files are missing.
+        DataUnavailableError: the hub is unreachable (pass `data_dir`), the local files are missing, or the test
+            split (the validation split, when read) has no rows.
+        BadRecordError (a DataError): a row is malformed; the message names its file and row and what to fix.
     """
     val: list[dict] = []
+    empty_val_fix = ("k-shot prompts take their worked examples from the validation split: add its rows, or "
+                     "evaluate 0-shot (--num-shots 0).")
     if data_dir is not None:
-        test, _ = load_local_split(data_dir, BENCHMARK_DIRS, "test")
+        test, test_files = load_local_split(data_dir, BENCHMARK_DIRS, "test", check=check_row, fix=_ROW_FIX)
+        val_files: list = []
         if validation:
-            val, _ = load_local_split(data_dir, BENCHMARK_DIRS, "validation", hint=(
+            val, val_files = load_local_split(data_dir, BENCHMARK_DIRS, "validation", hint=(
                 "k-shot prompts take their worked examples from the validation split: add the file, or evaluate "
-                "0-shot (--num-shots 0)."))
+                "0-shot (--num-shots 0)."), check=lambda r: check_row(r, "validation"), fix=_ROW_FIX)
+        require_rows(test, "test", test_files, f"put the MMLU-Pro test split there ({_LAYOUT_HINT}).")
+        if validation:
+            require_rows(val, "validation", val_files, empty_val_fix)
     else:
         ds = load_hub_dataset(HF_REPO, None, hint=_LAYOUT_HINT)
         test = list(ds["test"])
+        check_rows(list(enumerate(test, 1)), check_row, f"{HF_REPO} test split", _ROW_FIX)
+        require_rows(test, "test", f"{HF_REPO} (hub)", f"{_LAYOUT_HINT}.")
         if validation:
             val = list(ds["validation"])
-    missing = [f for f in ("question", "options", "answer", "answer_index", "category") if test and f not in test[0]]
-    if missing:
-        raise DataUnavailableError(f"MMLU-Pro test rows lack the fields {missing}; {_LAYOUT_HINT}.")
+            check_rows(list(enumerate(val, 1)), lambda r: check_row(r, "validation"), f"{HF_REPO} validation split",
+                       _ROW_FIX)
+            require_rows(val, "validation", f"{HF_REPO} (hub)", empty_val_fix)
     return [preprocess(r) for r in test], [preprocess(r) for r in val]
 
 
@@ -280,6 +336,7 @@ __all__ = [
     "STOP",
     "build_prompt",
     "build_prompt_within_budget",
+    "check_row",
     "extract_answer",
     "format_cot_example",
     "is_correct",

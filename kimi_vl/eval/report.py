@@ -13,7 +13,26 @@ import os
 from pathlib import Path
 from typing import Any
 
+from ..errors import ConfigError
+from ..options import check_output_dir
+
 PROXY_LABEL = "(synthetic proxy)"
+
+
+def make_output_dir(path: str | os.PathLike, option: str = "--out") -> Path:
+    """Create the output folder `path` (and its parents) if missing; `option` names it in errors (`--out`, `-o`).
+
+    Raises:
+        ConfigError: `path` is a file, or the folder cannot be created (a parent is a file, no permission).
+    """
+    out = Path(path)
+    check_output_dir(out, option)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the output directory {str(out)!r} ({exc}); pass a writable {option} DIR."
+                          ) from exc
+    return out
 
 
 def benchmark_title(entry: dict[str, Any]) -> str:

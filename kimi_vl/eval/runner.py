@@ -33,9 +33,9 @@ from typing import Any
 from ..progress import progress_bar
 from . import benchmarks as _builtin  # noqa: F401 - registers the built-in benchmarks
 from .config import EvalConfig, add_config_options, config_from_args
-from .generation import Engine, GenerationRequest
+from .generation import Engine, GenerationRequest, resolve_device
 from .registry import ALIASES, BENCHMARKS, Item, Prompts, parse_benchmarks
-from .report import benchmark_title, write_reports
+from .report import benchmark_title, make_output_dir, write_reports
 
 ProgressCallback = Callable[[str, int, int], None]
 
@@ -151,12 +151,14 @@ def evaluate(
             run; finished batches stay cached).
 
     Raises:
-        ConfigError: bad options. DataUnavailableError: data missing / hub unreachable. CheckpointError: bad model.
+        ConfigError: bad options (a device this machine lacks, `out_dir` a file). DataUnavailableError: data missing /
+            hub unreachable / empty. DataError: a malformed benchmark row. CheckpointError: bad model.
     """
     selected = parse_benchmarks(benchmarks)
     config = config or EvalConfig()
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    if config.device is not None:
+        resolve_device(config.device)  # before the data is read and the output folder made
+    out = make_output_dir(out_dir)
     data = {b.name: b.load(config, out) for b in selected}
     engine = model_dir if isinstance(model_dir, Engine) else Engine.from_pretrained(
         model_dir, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code

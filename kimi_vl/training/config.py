@@ -25,7 +25,7 @@ from typing import Any
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
-from ..options import add_dataclass_options, attribute_docs, coerce, flag
+from ..options import add_dataclass_options, attribute_docs, check_output_dir, coerce, flag
 from .presets import get_preset
 from .rl import RLConfig
 from .trainer import TrainConfig
@@ -125,21 +125,9 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
     return RunConfig(stage, preset, int(seed), resolved["train"], resolved["data"], resolved["rl"])
 
 
-def check_out_dir(out_dir: str | Path) -> None:
-    """`ConfigError` when the run folder `out_dir` cannot be one: it, or a folder it would be made in, is an existing
-    file."""
-    out_dir = Path(out_dir)
-    for folder in (out_dir, *out_dir.parents):
-        if folder.exists():
-            if not folder.is_dir():
-                what = "" if folder == out_dir else f" lies in {folder}, which"
-                raise ConfigError(f"--out {out_dir}{what} is a file, not a directory; pass a directory path.")
-            return
-
-
 def write_run_config(config: RunConfig, out_dir: str | Path) -> Path:
     """Write the resolved configuration to `out_dir/run_config.json`."""
-    check_out_dir(out_dir)
+    check_output_dir(out_dir)
     path = Path(out_dir) / RUN_CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config.to_dict(), indent=1))
@@ -163,5 +151,5 @@ def stage_overrides(args: argparse.Namespace, stage: str) -> dict[str, Any]:
     return {name: getattr(args, name) for name in stage_fields(stage) if hasattr(args, name)}
 
 
-__all__ = ["RUN_CONFIG", "STAGES", "RunConfig", "add_stage_options", "check_out_dir", "load_config_file", "resolve",
-           "stage_fields", "stage_overrides", "write_run_config"]
+__all__ = ["RUN_CONFIG", "STAGES", "RunConfig", "add_stage_options", "load_config_file", "resolve", "stage_fields",
+           "stage_overrides", "write_run_config"]

@@ -37,12 +37,13 @@ from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
 from ..errors import CheckpointError, ConfigError, hub_id_hint
 from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
+from ..options import check_output_dir
 from ..processing import KimiVLProcessor
 from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
-from .config import RUN_CONFIG, RunConfig, check_out_dir, resolve, write_run_config
+from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
 from .distributed import barrier, collective_device, gather_ints, init_distributed, is_main_process
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset, warn_without_cuda
@@ -191,7 +192,7 @@ def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overri
             out_dir: Path) -> RunConfig:
     """The stage's resolved configuration (before anything runs: a GPU preset without CUDA warns here, an `out_dir`
     that cannot be a folder is refused)."""
-    check_out_dir(out_dir)
+    check_output_dir(out_dir)
     if config is None:
         config = resolve(stage, preset, overrides, seed=seed)
     elif overrides or config.stage != stage:

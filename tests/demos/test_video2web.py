@@ -235,3 +235,36 @@ def test_bad_model_directories(cast, tmp_path):
     args = cli(["demo", "video2web", str(video), "--model", str(tmp_path / "nowhere"), "-o", str(tmp_path / "o")])
     with pytest.raises(KimiVLError):
         args.func(args)
+
+
+def test_temperature_must_be_finite_and_not_negative(loaded, capsys):
+    base = ["demo", "video2web", "v.mp4", "--model", "m", "-o", "o"]
+    assert cli(base).temperature == 0.0 and cli(base + ["--temperature", "0.7"]).temperature == 0.7
+    for bad in ("-1", "nan", "inf", "warm"):
+        with pytest.raises(SystemExit):
+            cli(base + ["--temperature", bad])
+        assert "argument --temperature" in capsys.readouterr().err
+    model, processor = loaded
+    for bad in (0.0, -1.0, float("nan")):  # sampling at such a temperature: refused before anything is computed
+        with pytest.raises(ConfigError, match="temperature must be a positive number when sampling"):
+            generate_html(model, processor, None, do_sample=True, temperature=bad)
+
+
+def test_device_output_folder_and_model_file_errors(model_dir, loaded, cast, tmp_path, monkeypatch):
+    """The demo shares `kimi-vl eval`'s checks: the device (`resolve_device`), the output folder, the model path."""
+    _, video = cast
+    with pytest.raises(ConfigError, match=r"^--device tpu is not a torch device \(cpu, cuda, cuda:N, mps\)\.$"):
+        run_video2web(video, model_dir, tmp_path / "out", device="tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    args = cli(["demo", "video2web", str(video), "--model", str(model_dir), "-o", str(tmp_path / "o"),
+                "--device", "cuda"])
+    with pytest.raises(ConfigError, match=r"^--device cuda: CUDA is not available on this machine; use --device cpu"):
+        args.func(args)
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    with pytest.raises(CheckpointError, match="is a file, not a model directory"):
+        run_video2web(video, afile, tmp_path / "out")
+    model, processor = loaded
+    with pytest.raises(ConfigError, match=r"^-o \S*afile is a file, not a directory"):
+        run_video2web(video, None, afile, max_new_tokens=2, model=model, processor=processor)
+    assert afile.read_text() == "x" and not (tmp_path / "out").exists()

@@ -22,7 +22,8 @@ def test_values_are_converted_and_checked(tmp_path):
     model.mkdir()
     (model / "config.json").write_text("{}")
     assert EvalConfig(mathvista_extractor=model).mathvista_extractor == str(model)
-    for bad, message in [({"batch_size": 0}, "batch_size must be >= 1"), ({"limit": -1}, "limit must be >= 0"),
+    for bad, message in [({"batch_size": 0}, "batch_size must be >= 1"), ({"limit": -1}, "limit must be >= 1"),
+                         ({"limit": 0}, "limit must be >= 1, got 0"),
                          ({"max_new_tokens": 0}, "max_new_tokens must be >= 1"),
                          ({"mmlu_pro_format": "chat-ml"}, "mmlu_pro_format must be one of official, chat"),
                          ({"dtype": "int8"}, "dtype must be one of"), ({"num_shots": "five"}, "not a valid int"),
@@ -64,6 +65,10 @@ def test_bad_option_values_are_user_errors(tmp_path, capsys):
     assert "batch_size: 'x' is not a valid int" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # argparse: not a choice
         main(["eval", "--model", str(tmp_path), "--out", str(tmp_path), "--mathvista-format", "html"])
+    # --limit 0 would evaluate nothing and report "0.00% (0/0)": refused before anything is read
+    assert main(["eval", "--model", str(tmp_path), "--out", str(tmp_path / "o"), "--limit", "0"]) == 2
+    assert "kimi-vl: error: limit must be >= 1, got 0." in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
     parser = argparse.ArgumentParser()
     runner.add_eval_arguments(parser)
     assert parser.parse_args(["--model", "m", "--out", "o"]).benchmarks == "mmlu_pro,mathvista"

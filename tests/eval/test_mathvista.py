@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from kimi_vl.errors import ConfigError, InvalidMediaError
+from kimi_vl.errors import ConfigError, DataUnavailableError, InvalidMediaError
 from kimi_vl.eval import mathvista as mv
 
 
@@ -152,9 +152,20 @@ def test_local_testmini_json_and_images(tmp_path, mathvista_testmini):
     problems = mv.load_mathvista(tmp_path)
     assert list(problems) == ["1", "2"]
     assert mv.load_problem_image(problems["1"]).size == (20, 10)
-    with pytest.raises(InvalidMediaError, match="images.zip"):
+    with pytest.raises(InvalidMediaError, match="images.zip") as info:
         mv.load_problem_image(problems["2"])
+    # `images/2.jpg` under the data folder is where both forms of the path lead: it is listed once
+    assert f"looked at [{str(root / 'images' / '2.jpg')!r}]" in str(info.value)
     assert list(mv.iter_ordered(problems, 1)) == ["1"]
+
+
+def test_empty_testmini_is_refused(tmp_path):
+    (tmp_path / "mathvista").mkdir()
+    for text in ("{}", "[]"):
+        (tmp_path / "mathvista" / "testmini.json").write_text(text, encoding="utf-8")
+        with pytest.raises(DataUnavailableError, match=r"^no testmini rows in \S*mathvista/testmini.json; put the "
+                                                       r"MathVista testmini problems there"):
+            mv.load_mathvista(tmp_path)
 
 
 def test_constant_answer_baseline():

@@ -3,13 +3,14 @@ scoring, local data loading, and the offline hub failure."""
 
 import json
 import random
+import re
 import time
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from kimi_vl.errors import ConfigError
+from kimi_vl.errors import BadRecordError, ConfigError, DataError
 from kimi_vl.eval import mmlu_pro as mp
 from kimi_vl.eval.data import DataUnavailableError
 
@@ -186,3 +187,85 @@ def test_constant_answer_baseline():
     b = baselines(rows)
     assert b["constant"] == 0.5 and b["constant_answer"] == "always (C)"
     assert b["chance"] == pytest.approx((0.1 + 0.1 + 0.25 + 0.1) / 4)
+
+
+def _write_split(root, name, rows):
+    (root / "mmlu_pro").mkdir(exist_ok=True)
+    (root / "mmlu_pro" / f"{name}.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+
+
+GOOD_ROW = {"question_id": 1, "question": "What is 1+1?", "options": ["1", "2", "3", "N/A"], "answer": "B",
+            "answer_index": 1, "cot_content": "A: Let's think step by step. The answer is (B).", "category": "math",
+            "src": "x"}
+
+
+@pytest.mark.parametrize(("change", "reason"), [
+    ({"options": None}, r"`options` must be a list of option texts, got None"),
+    ({"options": "ABCD"}, r"`options` must be a list of option texts, got 'ABCD'"),  # not split into letters
+    ({"options": ["1", 2]}, r"`options` must be a list of option texts"),
+    ({"options": []}, r"`options` has no option"),
+    ({"options": ["N/A", "N/A"]}, r"`options` has no option"),
+    ({"category": None}, r"`category` must be non-empty text"),
+    ({"category": ""}, r"`category` must be non-empty text"),
+    ({"question": 7}, r"`question` must be text"),
+    ({"answer": 1}, r"`answer` must be the letter of the option at answer_index 1, 'B', got 1"),
+    ({"answer": "C"}, r"`answer` must be the letter .* got 'C'"),
+    ({"answer": "J", "answer_index": 9}, r"`answer_index` must be .* from 0 to 2 for its 3 options, got 9"),
+    ({"answer_index": "1"}, r"`answer_index` must be"),
+    ({"answer_index": True}, r"`answer_index` must be"),
+])
+def test_malformed_test_rows_name_the_file_and_row(tmp_path, change, reason):
+    """Every row is checked on loading (not only the first): a malformed one is a DataError naming the file, the
+    row and the fix, raised before any prompt is built."""
+    _write_split(tmp_path, "test", [GOOD_ROW, {**GOOD_ROW, "question_id": 2, **change}])
+    _write_split(tmp_path, "validation", [GOOD_ROW])
+    path = tmp_path / "mmlu_pro" / "test.jsonl"
+    with pytest.raises(DataError, match=rf"^{re.escape(str(path))}:2: test row \(question_id 2\): {reason}"
+                                        r".*; fix the row or remove it \(MMLU-Pro rows:") as info:
+        mp.load_mmlu_pro(tmp_path)
+    assert isinstance(info.value, BadRecordError) and (info.value.file, info.value.row) == (str(path), 2)
+
+
+def test_missing_fields_of_any_row_and_malformed_validation_rows(tmp_path):
+    rows = [GOOD_ROW, {k: v for k, v in GOOD_ROW.items() if k not in ("options", "answer")}]
+    _write_split(tmp_path, "test", rows)
+    _write_split(tmp_path, "validation", [GOOD_ROW])
+    with pytest.raises(DataError, match=r"test.jsonl:2: test row \(question_id 1\) lacks the fields options, answer;"):
+        mp.load_mmlu_pro(tmp_path)
+    _write_split(tmp_path, "test", [GOOD_ROW])
+    test, val = mp.load_mmlu_pro(tmp_path)  # valid rows load as before: the "N/A" padding dropped
+    assert test[0]["options"] == ["1", "2", "3"] and val[0]["options"] == ["1", "2", "3"]
+    _write_split(tmp_path, "validation", [GOOD_ROW, {**GOOD_ROW, "cot_content": None}])
+    with pytest.raises(DataError, match=r"validation.jsonl:2: validation row \(question_id 1\): `cot_content` must"):
+        mp.load_mmlu_pro(tmp_path)
+    assert mp.load_mmlu_pro(tmp_path, validation=False)[0] == test  # 0-shot: the validation rows are not read
+    _write_split(tmp_path, "validation", [{k: v for k, v in GOOD_ROW.items() if k != "category"}])
+    with pytest.raises(DataError, match=r"validation.jsonl:1: validation row .* lacks the field category;"):
+        mp.load_mmlu_pro(tmp_path)
+
+
+def test_official_rows_pass_the_row_check(mmlu_fixture_rows):
+    assert [r["question_id"] for r in mmlu_fixture_rows if mp.check_row(r) is not None] == []
+
+
+def test_empty_splits_are_refused(tmp_path):
+    _write_split(tmp_path, "test", [])
+    _write_split(tmp_path, "validation", [GOOD_ROW])
+    with pytest.raises(DataUnavailableError, match=r"^no test rows in \S*mmlu_pro/test.jsonl; put the MMLU-Pro test"):
+        mp.load_mmlu_pro(tmp_path)
+    with pytest.raises(DataUnavailableError, match=r"^no test rows in"):
+        mp.load_mmlu_pro(tmp_path, validation=False)
+    _write_split(tmp_path, "test", [GOOD_ROW])
+    _write_split(tmp_path, "validation", [])
+    with pytest.raises(DataUnavailableError, match=r"^no validation rows in \S*validation.jsonl; .*--num-shots 0"):
+        mp.load_mmlu_pro(tmp_path)
+
+
+def test_hub_rows_are_checked_too(monkeypatch):
+    hub = {"test": [GOOD_ROW, {**GOOD_ROW, "options": "ABCD"}], "validation": [GOOD_ROW]}
+    monkeypatch.setattr(mp, "load_hub_dataset", lambda *args, **kwargs: hub)
+    with pytest.raises(DataError, match=r"^TIGER-Lab/MMLU-Pro test split:2: test row .*`options` must be a list"):
+        mp.load_mmlu_pro(None)
+    hub["test"] = []
+    with pytest.raises(DataUnavailableError, match=r"^no test rows in TIGER-Lab/MMLU-Pro"):
+        mp.load_mmlu_pro(None)

@@ -5,6 +5,7 @@ import argparse
 import dataclasses
 import json
 import random
+import re
 import shutil
 
 import pyarrow as pa
@@ -14,10 +15,11 @@ import torch
 from PIL import Image
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from kimi_vl.cli import main
 from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.eval import DataUnavailableError, EvalConfig, parse_benchmarks, runner
 from kimi_vl.eval import mathvista as mv
-from kimi_vl.eval.generation import Engine, cut_at_stop
+from kimi_vl.eval.generation import Engine, cut_at_stop, resolve_device
 from kimi_vl.tokenization import build_tokenizer
 from tests.test_export import tiny_model, tiny_processor
 
@@ -288,3 +290,42 @@ def test_zero_shot_needs_no_validation_split(tmp_path, data_dir, llama_dir):
         runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o1", EvalConfig(data_dir=no_val, num_shots=1))
     with pytest.raises(ConfigError, match="num_shots must be >= 0"):
         EvalConfig(data_dir=no_val, num_shots=-1)
+
+
+def test_output_folder_and_model_path_that_are_files(tmp_path, data_dir, llama_dir, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    with pytest.raises(ConfigError, match=rf"^--out {re.escape(str(afile))} is a file, not a directory; pass a dir"):
+        runner.evaluate(llama_dir, "mmlu_pro", afile, EvalConfig(data_dir=data_dir))
+    with pytest.raises(ConfigError, match=rf"^--out \S+/sub lies in {re.escape(str(afile))}, which is a file"):
+        runner.evaluate(llama_dir, "mmlu_pro", afile / "sub", EvalConfig(data_dir=data_dir))
+    assert main(["eval", "--model", str(llama_dir), "--benchmarks", "mmlu_pro", "--data-dir", str(data_dir),
+                 "--out", str(afile)]) == 2
+    assert f"kimi-vl: error: --out {afile} is a file, not a directory" in capsys.readouterr().err
+    with pytest.raises(CheckpointError, match=rf"^{re.escape(repr(str(afile)))} is a file, not a model directory; "
+                                              "pass the folder written by save_pretrained"):
+        runner.evaluate(afile, "mmlu_pro", tmp_path / "o", EvalConfig(data_dir=data_dir))
+    assert afile.read_text() == "not a folder"
+
+
+def test_device_is_checked_before_anything_is_read(tmp_path, llama_dir, monkeypatch, capsys):
+    assert resolve_device("cpu") == "cpu"
+    with pytest.raises(ConfigError, match=r"^--device tpu is not a torch device \(cpu, cuda, cuda:N, mps\)\.$"):
+        resolve_device("tpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert resolve_device("cuda:0") == "cuda:0" and resolve_device(None) == "cuda"
+    with pytest.raises(ConfigError, match=r"^--device cuda:1: this machine has 1 CUDA device \(cuda:0\); pick one"):
+        resolve_device("cuda:1")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device(None) == "cpu"
+    with pytest.raises(ConfigError, match=r"^--device cuda: CUDA is not available on this machine; use --device cpu"):
+        resolve_device("cuda")
+    # before the data: the empty data folder would otherwise be a DataUnavailableError
+    with pytest.raises(ConfigError, match=r"^--device tpu is not a torch device"):
+        runner.evaluate(llama_dir, "mmlu_pro", tmp_path / "o", EvalConfig(data_dir=tmp_path, device="tpu"))
+    with pytest.raises(ConfigError, match=r"^--device cuda: CUDA is not available"):  # the loader checks it too
+        Engine.from_pretrained(llama_dir, device="cuda")
+    assert main(["eval", "--model", str(llama_dir), "--out", str(tmp_path / "o"), "--device", "cuda"]) == 2
+    assert "kimi-vl: error: --device cuda: CUDA is not available on this machine; use --device cpu." in (
+        capsys.readouterr().err)
