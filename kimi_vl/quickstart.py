@@ -164,9 +164,9 @@ def card_evaluation(ev: dict[str, Any]) -> str:
 def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> int:
     """Fail before any training on what would only fail (or mean nothing) after it: `scale` must be a positive
     number, `eval_limit` at least 1, and `data_dir` must hold both benchmarks' files (the evaluation reads them after
-    the training stages). Raises `ConfigError` or `DataUnavailableError`. (A GPU preset without a CUDA device warns
-    when the first stage resolves its configuration: `warn_without_cuda`.) Returns the number of items the
-    evaluation of one checkpoint scores (both benchmarks, `eval_limit` applied)."""
+    the training stages). Raises `ConfigError`, `DataUnavailableError` or `DataError` (a malformed row). (A GPU
+    preset without a CUDA device warns when the first stage resolves its configuration: `warn_without_cuda`.)
+    Returns the number of items the evaluation of one checkpoint scores (both benchmarks, `eval_limit` applied)."""
     if not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
         raise ConfigError(f"scale must be a positive number (e.g. 0.05 for a smoke run, 1 for the full run); got "
                           f"{scale!r}.")
