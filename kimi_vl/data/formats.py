@@ -18,12 +18,15 @@ A format is detected from a record's keys (first match below) unless one is give
 at all gets them prepended (to the document, or to the first user turn). Typed content parts (`{"type": "image"}`
 without data) take the record's list items in order, as HF datasets store them.
 
-Media values: a path (relative to the data file's folder, or to `media_root` when given), a `file://` URL, the HF
-Image feature's `{"bytes", "path"}` struct, raw bytes, a decoded PIL image, or for a video a list of frame images.
+Media values: a path (relative to the data file's folder, or to `media_root` when given), a `file://` URL, for an
+image an inline `data:image/...;base64,...` URI (OpenAI's `image_url` parts), the HF Image feature's
+`{"bytes", "path"}` struct, raw bytes, a decoded PIL image, or for a video a list of frame images.
 
 Every problem with a record (missing key, unknown role, placeholder/media count mismatch, no assistant turn, no RL
-answer, a reserved special-token string inside a chat, a missing or corrupt media file) raises `BadRecordError`
-with a reason; the data layer logs and skips it (see `kimi_vl.data.mixture`).
+answer or a list of several, an RL answer its reward cannot score (`kimi_vl.training.rewards.true_number` /
+`true_boxes`: the parse the reward runs), an empty RL problem, a reserved special-token string inside a chat, a
+missing or corrupt media file) raises `BadRecordError` with a reason; the data layer logs and skips it (see
+`kimi_vl.data.mixture`).
 """
 
 from __future__ import annotations
@@ -40,7 +43,7 @@ import numpy as np
 
 from ..errors import BadRecordError, ConfigError, InvalidMediaError
 from ..tokenization.special_tokens import SPECIAL_TOKENS
-from ..vision.media import load_image
+from ..vision.media import is_data_uri, load_image, short_source
 from .encode import Media, Prompt
 
 KINDS: tuple[str, ...] = ("document", "chat", "prompt")
@@ -65,7 +68,7 @@ class MediaRef:
     base: Path | None = None
 
     def resolve_path(self, value: str) -> str:
-        if value.startswith("file://") or "://" in value or self.base is None or os.path.isabs(value):
+        if "://" in value or is_data_uri(value) or self.base is None or os.path.isabs(value):
             return value
         return str(self.base / value)
 
@@ -84,9 +87,13 @@ class MediaRef:
                 return load_image(self.resolve_path(value))
             return load_image(value)
         if isinstance(value, str):
+            if is_data_uri(value):
+                raise InvalidMediaError(f"video {short_source(value)!r}: inline data: URIs are read for images only; "
+                                        "save the video to a file (or give its frames as a list of images).")
             path = self.resolve_path(value)
             if not os.path.isfile(path.removeprefix("file://")):
-                raise InvalidMediaError(f"video file {path!r} does not exist; check the path (or --media-root).")
+                raise InvalidMediaError(f"video file {short_source(path)!r} does not exist; check the path (or "
+                                        "--media-root).")
             return path
         if isinstance(value, (list, tuple)) and value:
             frames = [np.asarray(MediaRef("image", v, self.base).load()) for v in value]
@@ -149,6 +156,11 @@ class Record:
 # ----------------------------------------------------------------------------------------------------------- helpers
 def _bad(reason: str) -> BadRecordError:
     return BadRecordError(reason)
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """`value` (a string, else its repr) cut to about `limit` characters for a message (`short_source`)."""
+    return short_source(value if isinstance(value, str) else repr(value), limit)
 
 
 def _require(row: dict, key: str, kind: type | tuple[type, ...], what: str) -> Any:
@@ -290,8 +302,13 @@ def _sharegpt(row: dict, base: Path | None) -> Record:
 
 
 def _answer(value: Any) -> str:
-    if isinstance(value, (list, tuple)) and value:
+    if isinstance(value, (list, tuple)):
+        if len(value) != 1:
+            raise _bad(f"the RL answer is a list of {len(value)} values ({_short(value)}); give one ground truth "
+                       "(a string or a number, or a list of exactly one)")
         value = value[0]
+    if isinstance(value, (dict, list, tuple)):
+        raise _bad(f"the RL answer is a {type(value).__name__} ({_short(value)}), not a string or a number")
     if value is None or (isinstance(value, str) and not value.strip()):
         raise _bad("no RL answer (the ground truth is missing or empty)")
     return str(value).strip()
@@ -315,6 +332,8 @@ def _verl(row: dict, base: Path | None) -> Record:
 
 def _easyr1(row: dict, base: Path | None) -> Record:
     problem = _require(row, "problem", str, "the question")
+    if not problem.strip():
+        raise _bad("'problem' is empty; give the question (text, <image> placeholders)")
     answer = _answer(row.get("answer"))
     images, videos = _media_list(row, "images", "image", base), _media_list(row, "videos", "video", base)
     return Record("prompt", messages=_chat([("user", problem)], images, videos, base, need_assistant=False),
@@ -439,16 +458,27 @@ def with_reward(record: Record, reward: str | None) -> Record:
     """A prompt record with its reward kind (`reward`, else `default_reward`); grounding boxes go to `meta`."""
     if reward is not None and reward not in REWARD_CHOICES:
         raise ConfigError(f"unknown reward {reward!r}; choose one of {', '.join(REWARD_CHOICES)}.")
+    from ..training.rewards import true_boxes, true_number  # not at the top: kimi_vl.training imports kimi_vl.data
+
     kind = reward or default_reward(record)
     answer = record.answer
+    fix = "fix the answer, or " + ("pick another --reward" if reward else "pass --reward exact to compare it as text")
     if kind == "choice":
         answer = answer.strip().strip("()")
         if not re.fullmatch(r"[A-Za-z]", answer):
-            raise _bad(f"the answer {record.answer!r} is not an option letter (reward choice)")
-    elif kind in ("number", "count") and not re.search(r"\d", answer):
-        raise _bad(f"the answer {answer!r} holds no number (reward {kind})")
-    elif kind == "grounding" and not _BOXES.match(answer):
-        raise _bad(f"the answer {answer!r} is not a list of [x0, y0, x1, y1] boxes (reward grounding)")
+            raise _bad(f"the answer {_short(record.answer)!r} is not an option letter (reward choice)")
+    elif kind in ("number", "count"):
+        try:  # the parse the reward itself runs, so that a row that passes here can be scored
+            true_number(answer)
+        except ConfigError as exc:
+            raise _bad(f"reward {kind} cannot score this row: {str(exc).rstrip('.')}; {fix}") from exc
+    elif kind == "grounding":
+        if not _BOXES.match(answer):
+            raise _bad(f"the answer {_short(answer)!r} is not a list of [x0, y0, x1, y1] boxes (reward grounding)")
+        try:
+            true_boxes(answer)
+        except ConfigError as exc:
+            raise _bad(f"reward grounding cannot score this row: {exc}") from exc
     return replace(record, reward=kind, answer=answer)
 
 

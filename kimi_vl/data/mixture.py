@@ -14,10 +14,13 @@ about once (batches that draw more or fewer documents than the mean overlap or s
 and batch `i` stays a pure function of `(seed, i)`: resuming needs no loader state at any scale, with any number of
 data-loader workers or ranks. Streamed sources are read in their own order (position `p` is row `p`).
 
-Bad records. A record that cannot be parsed, whose media cannot be read, or that cannot be encoded (e.g. an image
-longer than a row) is skipped and the source's next position is drawn instead, so the batch stays deterministic;
-the skip is recorded on the batch (`source`, `file`, `row`, `reason`). More than `max_bad_in_a_row` bad records in a
-row stop with `DataError`; with `strict` the first one does (`BadRecordError`).
+Bad records. A record that cannot be parsed, whose media cannot be read, or that cannot be encoded into the rows (an
+image longer than a row, a chat longer than a row: a chat is placed whole) is skipped and the source's next position
+is drawn instead, so the batch stays deterministic; the skip is recorded on the batch (`source`, `file`, `row`,
+`reason`). More than `max_bad_in_a_row` bad records in a row stop with `DataError`; with `strict` the first one does
+(`BadRecordError`). A packed stream remembers the records it found bad, so drawing one again costs nothing. A
+packed stream whose calibration batches hold no token with a loss stops with `DataError` (every step would be
+skipped).
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ CALIBRATION_BATCHES = 4
 """Batches built at start-up to measure each source's draws per batch."""
 MEDIA_PROBE = 16
 """Records read per source at start-up to tell media sources from text sources."""
+KNOWN_BAD_LIMIT = 65536
+"""Bad records a packed stream remembers (`Mixture.draw`'s `known_bad`) before it forgets them all."""
 
 
 def _mix64(x: int) -> int:
@@ -190,9 +195,12 @@ class Mixture:
             raise BadRecordError(f"a {record.kind} record in data for {' and '.join(self.kinds)}s")
         return record
 
-    def draw(self, draws: BatchDraws, group: Group, make: Callable[[Record], T]) -> tuple[T, Source]:
+    def draw(self, draws: BatchDraws, group: Group, make: Callable[[Record], T],
+             known_bad: dict[tuple[str, int], str] | None = None) -> tuple[T, Source]:
         """`make(record)` for the next good record of a source picked from `group` (bad ones skipped and recorded
-        on `draws`), and that source."""
+        on `draws`), and that source. `known_bad`: `(source, index) -> reason` of records this `make` already
+        found bad (filled here), so that a bad record drawn again is skipped without being read and encoded again
+        (the same outcome: reading is deterministic)."""
         source = group.pick(draws.rng)
         start = math.floor(draws.index * self.rates[source.name])
         bad = 0
@@ -200,7 +208,10 @@ class Mixture:
             position = draws.state.get(source.name, start)
             draws.state[source.name] = position + 1
             index = self.record_index(source, position)
+            key = (source.name, index)
             try:
+                if known_bad is not None and key in known_bad:
+                    raise BadRecordError(known_bad[key])
                 return make(self._parse(source, index)), source
             except (ConfigError, DataError) as exc:
                 if not isinstance(exc, BadRecordError):
@@ -208,6 +219,10 @@ class Mixture:
                 reason = exc.reason
             except Exception as exc:  # an unreadable record must not stop the run: it is logged and replaced
                 reason = error_reason(exc)
+            if known_bad is not None:
+                if len(known_bad) >= KNOWN_BAD_LIMIT:
+                    known_bad.clear()
+                known_bad[key] = reason
             file, row = source.where(index)
             if self.strict:
                 raise BadRecordError(f"{reason} (--strict stops at the first bad record)", file, row)
@@ -313,12 +328,26 @@ def _check_rows(doc: Document, seq_len: int) -> Document:
     return doc
 
 
+def chat_too_long(tokens: int, seq_len: int, *, estimated: bool = False) -> str | None:
+    """Why a chat of `tokens` tokens cannot be trained on in rows of `seq_len` tokens (None when it fits). Packing
+    places a chat whole in one row; cutting it would lose its end (the assistant reply, the loss) to the next row."""
+    if tokens <= seq_len:
+        return None
+    count = f"~{tokens:,} tokens (estimated; --tokenizer DIR counts them)" if estimated else f"{tokens:,} tokens"
+    return (f"chat of {count} does not fit a row of seq_len={seq_len} (a chat is packed whole); raise --seq-len or "
+            "shorten it")
+
+
 def encode_record(record: Record, processor: Any, seq_len: int) -> Document:
-    """A document or chat record (media read) as a training `Document` that fits the rows."""
+    """A document or chat record (media read) as a training `Document` that fits the rows: a chat longer than a row
+    and a media block longer than a row are bad records (an interleaved document longer than a row is cut into
+    pieces by the packer, each trained on)."""
     if record.kind == "document":
         doc = encode_document(record.loaded(), processor)
     elif record.kind == "chat":
         doc = encode_chat(record.loaded(), processor)
+        if (reason := chat_too_long(len(doc), seq_len)) is not None:
+            raise BadRecordError(reason)
     else:
         raise BadRecordError(f"a {record.kind} record cannot be packed for training")
     return _check_rows(doc, seq_len)
@@ -333,9 +362,11 @@ def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int,
     ratio = vision_ratio if media and texts else None
     groups = [mixture.group(texts), mixture.group(media)] if ratio is not None else [mixture.group(mixture.sources)]
 
+    known_bad: dict[tuple[str, int], str] = {}
+
     def source(group: Group):
         def draw(draws: BatchDraws) -> Document:
-            doc, src = mixture.draw(draws, group, lambda r: encode_record(r, processor, seq_len))
+            doc, src = mixture.draw(draws, group, lambda r: encode_record(r, processor, seq_len), known_bad)
             doc.source = src.name
             return doc
         return draw
@@ -343,7 +374,19 @@ def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int,
     stream = PackedStream(source(groups[0]), seq_len=seq_len, rows=rows, seed=seed, vision_ratio=ratio,
                           vision_documents=source(groups[1]) if ratio is not None else None, processor=processor,
                           max_misses=max_misses)
-    mixture.calibrate(stream.batch, groups)
+    supervised = []
+
+    def build(index: int) -> Any:
+        batch = stream.batch(index)
+        supervised.append(batch.num_loss_tokens)
+        return batch
+
+    mixture.calibrate(build, groups)
+    if not any(supervised):
+        names = ", ".join(s.name for s in mixture.sources)
+        raise DataError(f"no token of {len(supervised)} batches of {names} carries a loss (every training step "
+                        "would be skipped): documents train on their text and chats on their assistant replies; run "
+                        f"`kimi-vl data check --tokenizer DIR {names}` to see what the records hold.")
     return stream
 
 
@@ -369,5 +412,5 @@ class PromptStream:
         return out, draws.bad_records
 
 
-__all__ = ["CALIBRATION_BATCHES", "EMBEDDED", "Group", "Mixture", "PromptStream", "Shuffle", "encode_record",
-           "fingerprint_changes", "mixture_stream"]
+__all__ = ["CALIBRATION_BATCHES", "EMBEDDED", "KNOWN_BAD_LIMIT", "Group", "Mixture", "PromptStream", "Shuffle",
+           "chat_too_long", "encode_record", "fingerprint_changes", "mixture_stream"]

@@ -15,6 +15,9 @@ all loaded. Each file is indexed once (where its records are) and the index is c
   count (standard library `tarfile`);
 - `.txt`: the whole file is one record;
 - `hf:...`: one record per dataset row (the dataset's own memory-mapped Arrow files, `datasets.load_dataset`).
+  Hub access fails fast as the eval data's does (`kimi_vl.eval.data.hub_reachable`): unless `HF_HUB_OFFLINE` /
+  `HF_DATASETS_OFFLINE` is set (the local cache only), the hub endpoint is probed with a 3 s socket timeout first, and
+  an unreachable hub is a `DataError` at once rather than `datasets`' retries.
 
 `where` is `(file, row)` for error messages: 1-based line numbers in JSONL, 0-based element / row indices in JSON
 arrays, Parquet and datasets, the sample key in tar shards.
@@ -375,6 +378,13 @@ def _load_dataset(spec: str, streaming: bool) -> Any:
     except ImportError as exc:
         raise ConfigError("hf: data sources need the datasets package: pip install datasets") from exc
     name, config, split = parse_hub_name(spec)
+    from ..eval import data as hub  # the eval data's hub probe (imported here: kimi_vl.eval imports this package)
+
+    if not hub.hub_offline() and not hub.hub_reachable():
+        raise DataError(f"{spec}: the Hugging Face hub is not reachable from this machine (no connection to "
+                        f"{os.environ.get('HF_ENDPOINT') or 'https://huggingface.co'} within "
+                        f"{hub.HUB_PROBE_TIMEOUT_S:g} s); set HF_HUB_OFFLINE=1 to load it from the local cache "
+                        "(HF_HOME), or pass a downloaded copy (a folder of its Parquet files).")
     try:
         return datasets.load_dataset(name, config, split=split, streaming=streaming)
     except Exception as exc:  # the hub, the cache and the loading scripts raise many kinds

@@ -155,6 +155,24 @@ def parse_boxes(text: str) -> list[list[float]]:
     return boxes
 
 
+def true_boxes(answer: str) -> list[list[float]]:
+    """The boxes of a ground-truth answer `"[[x0, y0, x1, y1], ...]"`, strictly: every bracketed group must be four
+    finite numbers and there must be at least one (`ConfigError` otherwise; `parse_boxes`, for replies, skips what is
+    not a box)."""
+    groups = [match.group(1) for match in _BOX.finditer(str(answer))]
+    if not groups:
+        raise ConfigError(f"the true answer {_short(answer)!r} holds no box; a grounding sample needs "
+                          "[[x0, y0, x1, y1], ...].")
+    boxes = []
+    for group in groups:
+        parts = [_to_float(part.strip()) for part in group.split(",")]
+        if len(parts) != 4 or any(v is None for v in parts):
+            raise ConfigError(f"the true answer {_short(answer)!r} has the box [{group}], which is not four numbers; "
+                              "write every box as [x0, y0, x1, y1].")
+        boxes.append(parts)
+    return boxes
+
+
 def extract_boxes(response: str) -> list[list[float]]:
     """Predicted boxes: those after the last "answer is" when there are any there, else every box in the response."""
     tail = _after_last_answer_is(response)
@@ -188,7 +206,7 @@ def number_reward(response: str, answer: str | float, *, rel_tol: float = 1e-4, 
     else 0.0. With `precision` (decimal places of the true answer, MathVista's field) the absolute tolerance becomes
     half a unit of the last place, `0.5 * 10**-precision`, so `3.46` counts for a true `3.5` at precision 1.
     A true answer that holds no number raises `ConfigError`."""
-    truth = _true_number(answer)
+    truth = true_number(answer)
     predicted = extract_number(response)
     if predicted is None:
         return 0.0
@@ -202,7 +220,7 @@ def count_reward(response: str, answer: str | float) -> float:
 
     Example: true 4 -> pred 4: 1.0, pred 3 or 5: 0.75, pred 8 or more: 0.0; true 0 -> pred 1: 0.0.
     """
-    truth = _true_number(answer)
+    truth = true_number(answer)
     predicted = extract_number(response)
     if predicted is None:
         return 0.0
@@ -309,8 +327,9 @@ def soft_f1(predicted: Sequence[Sequence[float]], truth: Sequence[Sequence[float
 
 def grounding_reward(response: str, boxes: Sequence[Sequence[float]] | str) -> float:
     """`soft_f1` of the boxes extracted from `response` (`extract_boxes`) against the true `boxes` (a list of
-    `[x0, y0, x1, y1]` or the answer string `"[[x0, y0, x1, y1], ...]"`)."""
-    truth = parse_boxes(boxes) if isinstance(boxes, str) else [list(map(float, b)) for b in boxes]
+    `[x0, y0, x1, y1]` or the answer string `"[[x0, y0, x1, y1], ...]"`, read by `true_boxes`: a malformed box
+    raises `ConfigError`)."""
+    truth = true_boxes(boxes) if isinstance(boxes, str) else [list(map(float, b)) for b in boxes]
     return soft_f1(extract_boxes(response), truth)
 
 
@@ -418,12 +437,25 @@ def _check_kind(kind: str) -> None:
         )
 
 
-def _true_number(answer: str | float) -> float:
+def _short(text: Any, limit: int = 80) -> str:
+    text = str(text)
+    return text if len(text) <= limit else f"{text[:limit - 20]}...{text[-12:]}"
+
+
+def true_number(answer: str | float) -> float:
+    """The true value of a number/count sample: `answer` itself when it is a finite number, else the first number
+    written in it (`parse_numbers`). `ConfigError` when there is none (an infinite value such as `1e400` is none)."""
     if isinstance(answer, (int, float)):
+        if not math.isfinite(answer):
+            raise ConfigError(f"the true answer {answer!r} is not a finite number; a number/count sample needs one.")
         return float(answer)
-    numbers = parse_numbers(str(answer))
+    written = [m.group(0) for m in _NUMBER.finditer(str(answer))]
+    numbers = [v for v in map(_to_float, written) if v is not None]
     if not numbers:
-        raise ConfigError(f"the true answer {answer!r} holds no number; a number/count sample needs a numeric answer.")
+        what = (f"holds no finite number ({written[0]} is out of a float's range)" if written else
+                "holds no number")
+        raise ConfigError(f"the true answer {_short(answer)!r} {what}; a number/count sample needs a numeric "
+                          "answer.")
     return numbers[0]
 
 
@@ -437,7 +469,8 @@ def reward(sample: Any, response: str, *, max_tokens: int | None = None, num_tok
     `num_tokens` (the response's generated-token count) the result goes through `token_budget`.
 
     Raises:
-        ConfigError: an unknown `sample.reward`, a number/count sample whose answer holds no number, or only one of
+        ConfigError: an unknown `sample.reward`, a number/count sample whose answer holds no number, a grounding
+            sample whose answer string has a malformed box (`true_boxes`), or only one of
             `max_tokens` / `num_tokens`.
     """
     kind = sample.reward
@@ -493,4 +526,6 @@ __all__ = [
     "soft_f1",
     "token_budget",
     "token_f1",
+    "true_boxes",
+    "true_number",
 ]

@@ -2,7 +2,9 @@
 
 Every failure (missing file, corrupt or truncated data, zero-size image, an image over the pixel limit, a video
 without frames, a frame request the video cannot satisfy) raises `InvalidMediaError` naming the source and the
-problem. Nothing is fetched from the network: only local paths and `file://` URLs are read.
+problem. Nothing is fetched from the network: only local paths, `file://` URLs and (for images) inline
+`data:<mime>;base64,<payload>` URIs are read. Error messages shorten a long source to about 80 characters
+(`short_source`).
 
 Image mode rule (`to_rgb`), applied after the EXIF orientation:
 - `RGB` is kept as is.
@@ -17,6 +19,8 @@ Image mode rule (`to_rgb`), applied after the EXIF orientation:
 
 from __future__ import annotations
 
+import base64
+import binascii
 import io
 import math
 import os
@@ -66,31 +70,74 @@ class VideoFrames:
     total_frames: int
 
 
+def short_source(text: str, limit: int = 80) -> str:
+    """`text` (a media source: a path, a URL, a data URI) cut to about `limit` characters for an error message: a
+    longer one keeps its start and says how long it is."""
+    text = str(text)
+    if len(text) <= limit:
+        return text
+    return f"{text[:max(limit - 24, 8)]}... ({len(text):,} characters)"
+
+
+def is_data_uri(src: Any) -> bool:
+    """Whether `src` is an inline `data:` URI (a string starting with `data:`, case-insensitive)."""
+    return isinstance(src, str) and src[:5].lower() == "data:"
+
+
+def decode_data_uri(uri: str) -> tuple[str, bytes]:
+    """`(mime type, payload bytes)` of `data:[<mime>][;base64],<payload>` (RFC 2397: base64, or percent-encoded
+    without `;base64`; the mime type defaults to `text/plain`). `InvalidMediaError` when it is malformed."""
+    header, comma, payload = uri[5:].partition(",")
+    if not comma:
+        raise InvalidMediaError(f"data URI {short_source(uri)!r} has no ',' before its payload; write "
+                                "data:<mime>;base64,<payload>.")
+    params = [p.strip() for p in header.split(";")]
+    mime = params[0].lower() or "text/plain"
+    if any(p.lower() == "base64" for p in params[1:]):
+        try:
+            data = base64.b64decode("".join(payload.split()), validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise InvalidMediaError(f"data URI {short_source(uri)!r} has an invalid base64 payload ({exc}); "
+                                    "re-encode the file with base64.") from exc
+    else:
+        data = urllib.parse.unquote_to_bytes(payload)
+    if not data:
+        raise InvalidMediaError(f"data URI {short_source(uri)!r} has an empty payload; give the file's bytes.")
+    return mime, data
+
+
 def _local_path(src: str | os.PathLike, kind: str) -> Path:
     """A filesystem path from a path or a `file://` URL; other URL schemes are refused."""
     text = os.fspath(src)
     if isinstance(text, bytes):
         text = os.fsdecode(text)
+    shown = short_source(text)
     parsed = urllib.parse.urlparse(text)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):
             raise InvalidMediaError(
-                f"{kind} {text!r}: file:// URLs must point to this machine (got host {parsed.netloc!r}); "
+                f"{kind} {shown!r}: file:// URLs must point to this machine (got host {parsed.netloc!r}); "
                 "copy the file locally and pass its path."
             )
         path = Path(urllib.request.url2pathname(parsed.path))
+    elif is_data_uri(text):
+        raise InvalidMediaError(
+            f"{kind} {shown!r}: inline data: URIs are read for images only; save the {kind} to a file and pass its "
+            "path."
+        )
     elif parsed.scheme and len(parsed.scheme) > 1:  # a one-letter scheme is a Windows drive letter
         raise InvalidMediaError(
-            f"{kind} {text!r}: only local paths and file:// URLs are read (no network access); "
+            f"{kind} {shown!r}: only local paths, file:// URLs and data: URIs are read (no network access); "
             "download the file first and pass its path."
         )
     else:
         path = Path(text)
     if not path.is_file():
         problem = "is a directory, not a file" if path.is_dir() else "does not exist"
-        raise InvalidMediaError(f"{kind} file {str(path)!r} {problem}; check the path.")
+        raise InvalidMediaError(f"{kind} file {short_source(str(path))!r} {problem}; check the path.")
     if path.stat().st_size == 0:
-        raise InvalidMediaError(f"{kind} file {str(path)!r} is empty (0 bytes); re-export or re-download it.")
+        raise InvalidMediaError(f"{kind} file {short_source(str(path))!r} is empty (0 bytes); re-export or "
+                                "re-download it.")
     return path
 
 
@@ -146,13 +193,15 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
     """Read an image and return it as a decoded `RGB` Pillow image with its EXIF orientation applied.
 
     Args:
-        src: a path (str or `os.PathLike`), a `file://` URL, the encoded file's bytes (PNG, JPEG, ...), a Pillow
+        src: a path (str or `os.PathLike`), a `file://` URL, an inline `data:image/...;base64,...` URI, the
+            encoded file's bytes (PNG, JPEG, ...), a Pillow
             image, or a uint8 numpy array `[H, W]`, `[H, W, 1]`, `[H, W, 3]` or `[H, W, 4]` (RGBA).
         max_pixels: largest accepted width * height. Files are measured from their header, before any pixel data
             is decoded.
 
     Raises:
-        InvalidMediaError: missing file, non-local URL, unreadable / corrupt / truncated data, zero size, over
+        InvalidMediaError: missing file, non-local URL, malformed data URI, unreadable / corrupt / truncated data,
+            zero size, over
             `max_pixels`, or an array of unsupported shape or dtype.
     """
     if isinstance(src, np.ndarray):
@@ -166,9 +215,12 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
             if not src:
                 raise InvalidMediaError("image bytes are empty (0 bytes); pass the encoded image file's bytes.")
             path, name = io.BytesIO(bytes(src)), f"<{len(src)} bytes>"
+        elif is_data_uri(src):
+            mime, data = decode_data_uri(src)
+            path, name = io.BytesIO(data), f"<data: URI, {mime}, {len(data)} bytes>"
         else:
             path = _local_path(src, "image")
-            name = repr(str(path))
+            name = repr(short_source(str(path)))
         try:
             with warnings.catch_warnings():  # the pixel limit below replaces Pillow's bomb warning
                 warnings.simplefilter("ignore", Image.DecompressionBombWarning)
@@ -300,7 +352,7 @@ def load_video(
         ConfigError: `max_frames`, `num_frames` or `fps` not positive, or `num_frames > max_frames`.
     """
     path = _local_path(src, "video")
-    name = repr(str(path))
+    name = repr(short_source(str(path)))
     try:
         reader = decord.VideoReader(str(path), ctx=decord.cpu(0))
         total = len(reader)

@@ -179,3 +179,61 @@ def test_a_forced_reward_must_fit_the_answer():
     with pytest.raises(BadRecordError, match="not a list of"):
         parse({"problem": "Q", "answer": "left"}, reward="grounding")
     assert parse({"problem": "Q", "answer": "\\frac{2}{3}"}).reward == "exact"
+
+
+@pytest.mark.parametrize("row, reward, reason", [
+    ({"problem": "Big?", "answer": "1e400"}, None, r"'1e400' holds no finite number .*pass --reward exact"),
+    ({"problem": "Version?", "answer": "v2.0.1"}, "number", r"'v2.0.1' holds no number.*pick another --reward"),
+    ({"problem": "Q", "answer": [1, 2]}, None, r"list of 2 values \(\[1, 2\]\); give one ground truth"),
+    ({"problem": "Q", "answer": []}, None, "list of 0 values"),
+    ({"problem": "Q", "answer": [{"a": 1}]}, None, "the RL answer is a dict"),
+    ({"problem": "Where?", "answer": "[[1,2,3]]"}, None, r"box \[1,2,3\], which is not four numbers"),
+    ({"problem": "Where?", "answer": "[[1,2,3,4],[5,6]]"}, None, r"box \[5,6\], which is not four numbers"),
+    ({"problem": "Where?", "answer": "[[1,2,3,4],[a,b,c,d]]"}, "grounding", "not four numbers"),
+    ({"problem": "", "answer": "1"}, None, "'problem' is empty"),
+    ({"problem": " \n", "answer": "1"}, None, "'problem' is empty"),
+    ({"prompt": [{"role": "user", "content": "Q"}], "reward_model": {"ground_truth": ["1", "2"]}}, None,
+     "list of 2 values"),
+])
+def test_rl_rows_the_reward_cannot_score_are_bad_records(row, reward, reason):
+    """What the reward would refuse (or silently misread) at training time is refused when the row is read."""
+    with pytest.raises(BadRecordError, match=reason):
+        parse(row, reward=reward)
+
+
+def test_rl_answers_that_can_be_scored():
+    assert parse({"problem": "Q", "answer": [7]}).answer == "7"  # a list of one ground truth is that truth
+    assert parse({"problem": "Q", "answer": 5}).reward == "number"
+    assert parse({"problem": "Q", "answer": "1e300"}).reward == "number"
+    assert parse({"problem": "Q", "answer": "1e400"}, reward="exact").answer == "1e400"
+    boxes = parse({"problem": "Where?", "answer": "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"})
+    assert boxes.reward == "grounding" and boxes.answer == "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"
+
+
+def test_inline_data_uri_images(tmp_path):
+    """OpenAI-style `image_url` parts with a base64 `data:` URI are decoded as images (never joined to the data
+    folder); a malformed one is an error whose message does not print the blob."""
+    import base64
+
+    uri = "data:image/png;base64," + base64.b64encode(png_bytes(image(4))).decode()
+    chat = parse({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": uri}},
+                                                            {"type": "text", "text": "What?"}]},
+                               {"role": "assistant", "content": "Noise."}]}, tmp_path)
+    loaded = chat.loaded()[0]["content"][0]["image"]
+    assert loaded.mode == "RGB" and loaded.size == (56, 42)
+    assert np.array_equal(np.asarray(loaded), np.asarray(image(4)))
+    assert MediaRef("image", uri.replace(";base64", ";charset=x;base64"), tmp_path).load().size == (56, 42)
+    broken = uri[:-40] + "!!!" + "A" * 4000
+    with pytest.raises(InvalidMediaError, match="invalid base64 payload") as err:
+        MediaRef("image", broken, tmp_path).load()
+    assert "A" * 100 not in str(err.value) and "characters)" in str(err.value) and len(str(err.value)) < 300
+    with pytest.raises(InvalidMediaError, match="no ','"):
+        MediaRef("image", "data:image/png;base64", tmp_path).load()
+    with pytest.raises(InvalidMediaError, match="cannot be read as an image"):
+        MediaRef("image", "data:image/png;base64," + base64.b64encode(b"not a png").decode(), tmp_path).load()
+    with pytest.raises(InvalidMediaError, match="images only") as err:
+        MediaRef("video", uri, tmp_path).load()
+    assert len(str(err.value)) < 300
+    with pytest.raises(InvalidMediaError, match="only local paths") as err:  # a long URL is shortened too
+        MediaRef("image", "https://example.com/" + "x" * 5000 + ".png", tmp_path).load()
+    assert len(str(err.value)) < 300

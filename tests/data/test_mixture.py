@@ -170,3 +170,57 @@ def test_tokenizer_texts_and_fingerprints(tmp_path):
     embedded = {"sources": [], "format": "auto", "reward": None, "seed": 0}
     assert "source embedded (standard library corpus + synthetic world) was removed" in fingerprint_changes(
         embedded, old)
+
+
+def chats(path, n, *, long=(), words=400):
+    with open(path, "w") as f:
+        for i in range(n):
+            question = "word " * words if i in long else f"question {i}?"
+            f.write(json.dumps({"messages": [{"role": "user", "content": question},
+                                             {"role": "assistant", "content": f"reply{i} ok"}]}) + "\n")
+    return str(path)
+
+
+def test_a_chat_longer_than_a_row_is_skipped_not_cut(proc, tmp_path, monkeypatch):
+    """A chat is placed whole: one longer than a row would lose its reply to the cut, so it is a bad record (skipped,
+    replaced, logged), every batch keeps its assistant replies, and a source of nothing else stops with an error."""
+    src = chats(tmp_path / "chats.jsonl", 30, long={3, 11, 20})
+    stream = mixture_stream(mixture(src, kinds=("chat",)), proc, seq_len=SEQ, rows=ROWS, seed=0)
+    batches = [stream.batch(i) for i in range(12)]
+    bad = [r for b in batches for r in b.bad_records]
+    assert bad and {r["row"] for r in bad} <= {4, 12, 21}
+    assert all(re.fullmatch(r"chat of [\d,]+ tokens does not fit a row of seq_len=64 \(a chat is packed whole\); "
+                            r"raise --seq-len or shorten it", r["reason"]) for r in bad)
+    assert all(b.num_loss_tokens > 0 for b in batches)
+    text = "".join(proc.tokenizer.decode(b.input_ids[0]) for b in batches)
+    assert "word word" not in text  # no piece of a long chat was packed
+
+    import kimi_vl.data.mixture as mixture_module
+
+    encoded = []
+    real = mixture_module.encode_chat
+    monkeypatch.setattr(mixture_module, "encode_chat", lambda *a: encoded.append(1) or real(*a))
+    only_long = chats(tmp_path / "long.jsonl", 1, long={0})
+    with pytest.raises(DataError, match=r"more than 5 bad records in a row .*long\.jsonl:1: chat of [\d,]+ tokens does "
+                                        "not fit a row of seq_len=64"):
+        mixture_stream(mixture(only_long, kinds=("chat",), max_bad_in_a_row=5), proc, seq_len=SEQ, rows=ROWS,
+                       seed=0)
+    assert len(encoded) == 1  # a record found bad is not encoded again when it is drawn again
+
+
+def test_data_without_any_loss_token_is_an_error(proc, tmp_path, monkeypatch):
+    """Data whose batches hold no token with a loss would skip every step with a NaN loss: it stops at start-up."""
+    import kimi_vl.data.mixture as mixture_module
+
+    real = mixture_module.encode_chat
+
+    def no_loss(*args):
+        doc = real(*args)
+        doc.labels = [-100] * len(doc.labels)
+        return doc
+
+    src = chats(tmp_path / "chats.jsonl", 10)
+    mixture_stream(mixture(src, kinds=("chat",)), proc, seq_len=SEQ, rows=ROWS, seed=0)  # fine as it is
+    monkeypatch.setattr(mixture_module, "encode_chat", no_loss)
+    with pytest.raises(DataError, match=r"no token of 4 batches of .*chats\.jsonl carries a loss"):
+        mixture_stream(mixture(src, kinds=("chat",)), proc, seq_len=SEQ, rows=ROWS, seed=0)

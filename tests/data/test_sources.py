@@ -161,6 +161,7 @@ def test_hub_datasets_by_name(monkeypatch):
         return ds.to_iterable_dataset() if streaming else ds
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
     assert parse_hub_name("hf:org/name:cfg@validation") == ("org/name", "cfg", "validation")
     src = open_source("hf:org/name:cfg@validation")
     row, _, base = src.read(2)
@@ -172,3 +173,22 @@ def test_hub_datasets_by_name(monkeypatch):
     assert calls[-1] == ("org/name", None, "train", True) and len(calls) == 4  # a step back or a wrap restarts
     with pytest.raises(ConfigError, match="names no dataset"):
         parse_hub_name("hf:")
+
+
+def test_an_unreachable_hub_fails_at_once(monkeypatch):
+    """Offline, an `hf:` source is a clear `DataError` after the eval data's short hub probe, not after `datasets`'
+    retries (about 30 s); with HF_HUB_OFFLINE set the probe is skipped and `datasets` reads its local cache."""
+    import datasets
+
+    calls, probes = [], []
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: calls.append(a) or [{"text": "t"}])
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: probes.append(timeout) or False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    with pytest.raises(DataError, match=r"hf:org/name: the Hugging Face hub is not reachable .* within 3 s\); set "
+                                        "HF_HUB_OFFLINE=1"):
+        open_source("hf:org/name")
+    assert probes and not calls
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    sources._load_dataset("hf:org/name", streaming=False)
+    assert len(calls) == 1 and len(probes) == 1

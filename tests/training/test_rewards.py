@@ -30,6 +30,8 @@ from kimi_vl.training.rewards import (
     soft_f1,
     token_budget,
     token_f1,
+    true_boxes,
+    true_number,
 )
 
 
@@ -172,6 +174,26 @@ def test_grounding_reward():
     assert grounding_reward(response, truth) == pytest.approx(4 / 7)
     assert grounding_reward(response, "[[0, 0, 2, 2], [10, 10, 12, 12]]") == pytest.approx(4 / 7)
     assert grounding_reward("no boxes", truth) == 0.0
+
+
+def test_true_answers_are_read_strictly():
+    """A ground truth the scorer cannot use is an error, never a silently different truth: a malformed box is not
+    dropped, an infinite number is not taken for another (`kimi_vl.data.formats` refuses such rows by these)."""
+    assert true_boxes("[[0, 0, 2, 2], [10, 10, 12, 12]]") == [[0, 0, 2, 2], [10, 10, 12, 12]]
+    with pytest.raises(ConfigError, match=r"box \[5,6\], which is not four numbers"):
+        grounding_reward("[[1,2,3,4]]", "[[1,2,3,4],[5,6]]")
+    with pytest.raises(ConfigError, match="not four numbers"):
+        true_boxes("[[1,2,3]]")
+    with pytest.raises(ConfigError, match="holds no box"):
+        true_boxes("[[]]")
+    assert grounding_reward("[[1,2,3,4]]", "[[1,2,3,4]]") == 1.0
+    assert true_number("12.5 cm") == 12.5 and true_number(3) == 3.0
+    with pytest.raises(ConfigError, match=r"holds no finite number \(1e400 is out of a float's range\)"):
+        number_reward("The answer is 5", "1e400")
+    with pytest.raises(ConfigError, match="holds no number"):
+        true_number("v2.0.1")
+    with pytest.raises(ConfigError, match="not a finite number"):
+        true_number(float("inf"))
 
 
 def test_html_reward():
