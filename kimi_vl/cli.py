@@ -12,6 +12,7 @@ from typing import TextIO
 
 from . import __version__
 from .errors import ConfigError, KimiVLError, TrainingInterrupted
+from .options import positive_int
 from .progress import interactive
 
 
@@ -120,7 +121,7 @@ def _data_check(args: argparse.Namespace) -> int:
         processor = (KimiVLProcessor.from_pretrained(folder) if (folder / "processor_config.json").is_file()
                      else build_processor(DataConfig(tokenizer=args.tokenizer)))
     reports = check(args.sources, fmt=args.format, media_root=args.media_root, reward=args.reward,
-                    processor=processor, progress=args.progress)
+                    processor=processor, progress=args.progress, seq_len=args.seq_len)
     print(format_report(reports))
     return 1 if any(r.bad for r in reports) else 0
 
@@ -144,6 +145,9 @@ def _add_data_parsers(sub: argparse._SubParsersAction) -> None:
     chk.add_argument("--reward", choices=REWARD_CHOICES, default=None, help="RL reward of every prompt row")
     chk.add_argument("--tokenizer", default=None, help="a checkpoint or tokenizer folder: count tokens exactly "
                      "(default: an estimate)")
+    chk.add_argument("--seq-len", type=positive_int, default=None, help="the packed row length of the run the "
+                     "data is for: chats longer than it are listed, as training skips them (default: the longest "
+                     "preset row, 4096)")
     _add_progress_option(chk)
     chk.set_defaults(func=_data_check)
 

@@ -15,6 +15,14 @@ from typing import Any
 from .errors import ConfigError
 
 
+def positive_int(text: str) -> int:
+    """An `argparse` type: an integer >= 1."""
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
 def check_output_dir(path: str | Path, option: str = "--out") -> None:
     """`ConfigError` when the output folder `path` cannot be one: it, or a folder it would be made in, is an existing
     file (`option` names the command-line option in the message)."""

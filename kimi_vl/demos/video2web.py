@@ -44,6 +44,7 @@ from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
 from ..errors import CheckpointError, ConfigError, InvalidMediaError
 from ..eval.generation import StopOnStrings, eos_token_ids
 from ..eval.report import make_output_dir
+from ..options import positive_int
 from ..vision.media import VideoFrames, load_video
 from .html_repair import repair_html
 
@@ -454,13 +455,6 @@ def _positive_float(text: str) -> float:
     return value
 
 
-def _positive_int(text: str) -> int:
-    value = int(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
 def _temperature(text: str) -> float:
     value = float(text)
     if not math.isfinite(value) or value < 0:
@@ -496,12 +490,12 @@ def add_video2web_parser(subparsers: argparse._SubParsersAction) -> argparse.Arg
     p.add_argument("-o", "--out", dest="out_dir", required=True, help="output directory (site.html, reply.txt, ...)")
     p.add_argument("--fps", type=_positive_float, default=None, help="frames per second to sample "
                    "(default: the model's video processor setting)")
-    p.add_argument("--num-frames", type=_positive_int, default=None, help="sample this many frames instead")
-    p.add_argument("--max-frames", type=_positive_int, default=None, help="cap on sampled frames "
+    p.add_argument("--num-frames", type=positive_int, default=None, help="sample this many frames instead")
+    p.add_argument("--max-frames", type=positive_int, default=None, help="cap on sampled frames "
                    "(default: the video processor's max_frames)")
-    p.add_argument("--max-video-tokens", type=_positive_int, default=DEFAULT_MAX_VIDEO_TOKENS,
+    p.add_argument("--max-video-tokens", type=positive_int, default=DEFAULT_MAX_VIDEO_TOKENS,
                    help="cap on vision tokens; long videos get fewer frames (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=_positive_int, default=512, help="generation length cap")
+    p.add_argument("--max-new-tokens", type=positive_int, default=512, help="generation length cap")
     p.add_argument("--temperature", type=_temperature, default=0.0, help="0 (default): greedy; > 0: sampling")
     p.add_argument("--device", default=None, help="torch device (cpu, cuda, cuda:1, ...); default: cuda when "
                    "available")

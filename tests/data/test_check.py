@@ -65,6 +65,9 @@ def test_check_flags_chats_longer_than_a_row(tmp_path, proc):
     [exact] = check([str(path)], processor=proc, progress=False, seq_len=24)  # the short chats: 17, 32
     assert [row for _, row, _ in exact.bad] == [1, 3] and exact.records == 1
     assert all(re.match(r"chat of [\d,]+ tokens does not fit a row of seq_len=24", r) for _, _, r in exact.bad)
+    path.write_text("".join(path.read_text().splitlines(keepends=True)[1:]))  # the short chats only
+    assert main(["data", "check", str(path), "--no-progress"]) == 0
+    assert main(["data", "check", str(path), "--seq-len", "8", "--no-progress"]) == 1  # ~2 and ~10 tokens estimated
 
 
 def test_check_lists_rl_rows_the_reward_cannot_score(tmp_path):
