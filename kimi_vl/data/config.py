@@ -7,6 +7,7 @@ the embedded data (the standard library corpus and the synthetic world), which i
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,9 +122,12 @@ class DataConfig:
         if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family) < 1:
             raise ConfigError(f"seq_len, rows, prompts_per_step and prompts_per_family must be >= 1 (got "
                               f"{self.seq_len}, {self.rows}, {self.prompts_per_step}, {self.prompts_per_family}).")
-        for name in ("vision_ratio", "drill_vision_ratio"):
-            if (value := getattr(self, name)) is not None and not 0.0 <= value <= 1.0:
+        for name in ("vision_ratio", "drill_vision_ratio", "video_fraction", "chat_fraction", "code_fraction",
+                     "text_chat_fraction"):
+            if (value := getattr(self, name)) is not None and not 0.0 <= value <= 1.0:  # NaN fails too
                 raise ConfigError(f"{name} must be in [0, 1] (or none), got {value}.")
+        if not 0.0 < self.video_fps < math.inf:
+            raise ConfigError(f"video_fps must be a positive, finite frame rate, got {self.video_fps}.")
         if self.num_workers < 0 or self.max_bad_in_a_row < 0:
             raise ConfigError("num_workers and max_bad_in_a_row must be >= 0.")
 

@@ -427,6 +427,12 @@ def test_drill_has_its_own_vision_ratio(proc):
     assert all(abs(r - 0.1) < 0.05 for r in drill) and all(abs(r - 0.25) < 0.07 for r in main), (drill, main)
     with pytest.raises(ConfigError, match="drill_vision_ratio"):
         DataConfig(drill_vision_ratio=1.5)
+    for name, value, match in (("video_fraction", float("nan"), r"video_fraction must be in \[0, 1\]"),
+                               ("chat_fraction", -0.5, "chat_fraction must be in"),
+                               ("video_fps", float("nan"), "video_fps must be a positive, finite frame rate"),
+                               ("video_fps", 0.0, "video_fps must be a positive")):
+        with pytest.raises(ConfigError, match=match):
+            DataConfig(**{name: value})
 
 
 def test_drill_media_tasks_may_name_video_tasks(proc):
