@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-from typing import Any
-
 from transformers import PretrainedConfig
 
-from .errors import CheckpointError, ConfigError
+from .errors import ConfigError
 from .text.configuration import KimiTextConfig
 from .vision.configuration import MoonViTConfig
 
@@ -66,17 +62,3 @@ class KimiVLConfig(PretrainedConfig):
         if image_token_id == video_token_id:
             raise ConfigError("image_token_id and video_token_id must differ (images and videos are scattered "
                               "separately).")
-
-
-def read_config_file(config_file: str | Path) -> dict[str, Any]:
-    """The JSON object in a checkpoint's `config.json`; `CheckpointError` naming the file when it cannot be read
-    or holds something else."""
-    try:
-        raw = json.loads(Path(config_file).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"{config_file} cannot be read as JSON ({exc}); restore the checkpoint's config.json "
-                              "(save_pretrained writes it) or point at another checkpoint.") from None
-    if not isinstance(raw, dict):
-        raise CheckpointError(f"{config_file} holds a JSON {type(raw).__name__}, not a model config object; restore "
-                              "the checkpoint's config.json or point at another checkpoint.")
-    return raw

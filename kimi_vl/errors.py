@@ -3,8 +3,10 @@ whose message says what was wrong and how to fix it."""
 
 from __future__ import annotations
 
+import json
 import os
-from pathlib import PurePath
+from pathlib import Path, PurePath
+from typing import Any
 
 
 class KimiVLError(Exception):
@@ -77,3 +79,17 @@ def hub_id_hint(path: str | os.PathLike) -> str:
         return ""
     return (f" `{'/'.join(parts)}` is not a local folder; to use it from the Hugging Face Hub, download it first "
             f"(`huggingface-cli download {'/'.join(parts)} --local-dir DIR`) and pass DIR.")
+
+
+def read_config_file(config_file: str | os.PathLike) -> dict[str, Any]:
+    """The JSON object in a checkpoint's `config.json`; `CheckpointError` naming the file when it cannot be read
+    or holds something else."""
+    try:
+        raw = json.loads(Path(config_file).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise CheckpointError(f"{config_file} cannot be read as JSON ({exc}); restore the checkpoint's config.json "
+                              "(save_pretrained writes it) or point at another checkpoint.") from None
+    if not isinstance(raw, dict):
+        raise CheckpointError(f"{config_file} holds a JSON {type(raw).__name__}, not a model config object; restore "
+                              "the checkpoint's config.json or point at another checkpoint.")
+    return raw

@@ -41,9 +41,8 @@ import json
 import shutil
 from pathlib import Path
 
-from .configuration import read_config_file
 from .convert import staged_directory
-from .errors import CheckpointError, KimiVLError
+from .errors import CheckpointError, KimiVLError, read_config_file
 from .model_card import model_card
 
 PACKAGE = "kimi_vl"

@@ -30,11 +30,11 @@ from typing import Any
 import torch
 from transformers import AutoTokenizer
 
-from ..configuration import KimiVLConfig, read_config_file
+from ..configuration import KimiVLConfig
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
 from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
-from ..errors import CheckpointError, ConfigError, hub_id_hint
+from ..errors import CheckpointError, ConfigError, hub_id_hint, read_config_file
 from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
 from ..options import check_output_dir

@@ -23,8 +23,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
-from ..configuration import read_config_file
-from ..errors import CheckpointError, hub_id_hint
+from ..errors import CheckpointError, hub_id_hint, read_config_file
 from .configuration import MoonViTConfig
 from .moonvit import MoonViTModel
 from .projector import PROJECTOR_WEIGHTS, MoonViTProjector
