@@ -38,6 +38,7 @@ from typing import Any
 
 from ..edit_distance import levenshtein
 from ..errors import ConfigError
+from ..vision.media import short_source
 
 REWARD_KINDS: tuple[str, ...] = ("choice", "number", "count", "ocr", "exact", "grounding", "html")
 """The values of `sample.reward` that `reward` understands."""
@@ -161,14 +162,14 @@ def true_boxes(answer: str) -> list[list[float]]:
     not a box)."""
     groups = [match.group(1) for match in _BOX.finditer(str(answer))]
     if not groups:
-        raise ConfigError(f"the true answer {_short(answer)!r} holds no box; a grounding sample needs "
+        raise ConfigError(f"the true answer {short_source(answer)!r} holds no box; a grounding sample needs "
                           "[[x0, y0, x1, y1], ...].")
     boxes = []
     for group in groups:
         parts = [_to_float(part.strip()) for part in group.split(",")]
         if len(parts) != 4 or any(v is None for v in parts):
-            raise ConfigError(f"the true answer {_short(answer)!r} has the box [{group}], which is not four numbers; "
-                              "write every box as [x0, y0, x1, y1].")
+            raise ConfigError(f"the true answer {short_source(answer)!r} has the box [{group}], which is not four "
+                              "numbers; write every box as [x0, y0, x1, y1].")
         boxes.append(parts)
     return boxes
 
@@ -437,11 +438,6 @@ def _check_kind(kind: str) -> None:
         )
 
 
-def _short(text: Any, limit: int = 80) -> str:
-    text = str(text)
-    return text if len(text) <= limit else f"{text[:limit - 20]}...{text[-12:]}"
-
-
 def true_number(answer: str | float) -> float:
     """The true value of a number/count sample: `answer` itself when it is a finite number, else the first number
     written in it (`parse_numbers`). `ConfigError` when there is none (an infinite value such as `1e400` is none)."""
@@ -454,7 +450,7 @@ def true_number(answer: str | float) -> float:
     if not numbers:
         what = (f"holds no finite number ({written[0]} is out of a float's range)" if written else
                 "holds no number")
-        raise ConfigError(f"the true answer {_short(answer)!r} {what}; a number/count sample needs a numeric "
+        raise ConfigError(f"the true answer {short_source(answer)!r} {what}; a number/count sample needs a numeric "
                           "answer.")
     return numbers[0]
 

@@ -194,15 +194,14 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
 
     Args:
         src: a path (str or `os.PathLike`), a `file://` URL, an inline `data:image/...;base64,...` URI, the
-            encoded file's bytes (PNG, JPEG, ...), a Pillow
-            image, or a uint8 numpy array `[H, W]`, `[H, W, 1]`, `[H, W, 3]` or `[H, W, 4]` (RGBA).
+            encoded file's bytes (PNG, JPEG, ...), a Pillow image, or a uint8 numpy array `[H, W]`, `[H, W, 1]`,
+            `[H, W, 3]` or `[H, W, 4]` (RGBA).
         max_pixels: largest accepted width * height. Files are measured from their header, before any pixel data
             is decoded.
 
     Raises:
         InvalidMediaError: missing file, non-local URL, malformed data URI, unreadable / corrupt / truncated data,
-            zero size, over
-            `max_pixels`, or an array of unsupported shape or dtype.
+            zero size, over `max_pixels`, or an array of unsupported shape or dtype.
     """
     if isinstance(src, np.ndarray):
         image = _array_to_image(src)
@@ -287,8 +286,8 @@ def sample_frame_indices(
             )
         n = num_frames
     elif fps is not None:
-        if fps <= 0:
-            raise ConfigError(f"fps must be positive, got {fps}.")
+        if not 0 < fps < math.inf:  # NaN fails too
+            raise ConfigError(f"fps must be a positive, finite rate, got {fps}.")
         if not source_fps:
             raise InvalidMediaError(
                 "sampling by fps needs the source frame rate, which is unknown for this video (decoded frames "

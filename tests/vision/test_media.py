@@ -259,8 +259,9 @@ def test_sample_frame_indices_rules():
         sample_frame_indices(10, source_fps=None, fps=2)
     with pytest.raises(ConfigError):
         sample_frame_indices(10, source_fps=10, num_frames=5, max_frames=4)
-    with pytest.raises(ConfigError):
-        sample_frame_indices(10, source_fps=10, fps=-1)
+    for fps in (-1, float("nan"), float("inf")):
+        with pytest.raises(ConfigError, match="fps must be a positive, finite rate"):
+            sample_frame_indices(10, source_fps=10, fps=fps)
 
 
 def test_load_video_all_frames_and_timestamps(video8):
