@@ -123,9 +123,9 @@ def check_row(row: Mapping[str, Any], split: str = "test") -> str | None:
         return None if isinstance(row["cot_content"], str) else (
             f"{where}: `cot_content` must be text (the worked answer), got {row['cot_content']!r}")
     index, answer = row["answer_index"], row["answer"]
-    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(kept):
-        return (f"{where}: `answer_index` must be the position of the right option, from 0 to {len(kept) - 1} for "
-                f"its {len(kept)} options, got {index!r}")
+    if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < len(options):
+        return (f"{where}: `answer_index` must be the position of the right option in `options`, from 0 to "
+                f"{len(options) - 1}, got {index!r}")
     if answer != CHOICES[index]:
         return (f"{where}: `answer` must be the letter of the option at answer_index {index}, "
                 f"{CHOICES[index]!r}, got {answer!r}")
