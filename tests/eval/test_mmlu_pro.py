@@ -210,7 +210,7 @@ GOOD_ROW = {"question_id": 1, "question": "What is 1+1?", "options": ["1", "2", 
     ({"question": 7}, r"`question` must be text"),
     ({"answer": 1}, r"`answer` must be the letter of the option at answer_index 1, 'B', got 1"),
     ({"answer": "C"}, r"`answer` must be the letter .* got 'C'"),
-    ({"answer": "J", "answer_index": 9}, r"`answer_index` must be the position .* in `options`, from 0 to 2, got 9"),
+    ({"answer": "J", "answer_index": 9}, r"`answer_index` must be the position .* in `options`, from 0 to 3, got 9"),
     ({"answer_index": "1"}, r"`answer_index` must be"),
     ({"answer_index": True}, r"`answer_index` must be"),
 ])
