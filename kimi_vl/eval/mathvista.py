@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..edit_distance import levenshtein
-from ..errors import ConfigError, InvalidMediaError
-from .data import DataUnavailableError, load_hub_dataset, load_local_split, require_rows
+from ..errors import BadRecordError, ConfigError, InvalidMediaError
+from .data import check_rows, load_hub_dataset, load_local_split, require_rows
 
 if TYPE_CHECKING:
     from PIL import Image
@@ -445,22 +445,36 @@ def load_mathvista(data_dir: str | os.PathLike | None = None, split: str = SPLIT
     Raises:
         DataUnavailableError: the hub is unreachable (pass `data_dir`), the local files are missing, or they hold
             no rows.
+        BadRecordError (a DataError): a row without `pid` or `answer`, or two rows with one pid (the message
+            names the file and the row).
     """
     if data_dir is not None:
-        rows, files = load_local_split(data_dir, BENCHMARK_DIRS, split)
+        rows, files = load_local_split(data_dir, BENCHMARK_DIRS, split, check=_check_row, fix=_ROW_FIX)
         require_rows(rows, split, files, f"put the MathVista {split} problems there ({_LAYOUT_HINT}).")
         for r in rows:
             r.setdefault("_image_root", str(files[0].parent))
+        source = ", ".join(str(f) for f in files)
     else:
         rows = list(load_hub_dataset(HF_REPO, split, hint=_LAYOUT_HINT))
+        source = f"{HF_REPO} {split} split"
+        check_rows(list(enumerate(rows, 1)), _check_row, source, _ROW_FIX)
         require_rows(rows, split, f"{HF_REPO} (hub)", f"{_LAYOUT_HINT}.")
     problems: dict[str, dict[str, Any]] = {}
-    for r in rows:
-        if "pid" not in r or "answer" not in r:
-            raise DataUnavailableError(f"MathVista rows need `pid` and `answer` (got {sorted(r)[:8]}...); "
-                                       f"{_LAYOUT_HINT}.")
-        problems[str(r["pid"])] = r
+    for number, r in enumerate(rows, 1):
+        pid = str(r["pid"])
+        if pid in problems:  # one would silently replace the other
+            raise BadRecordError(f"pid {pid!r} is used by two problems; give each problem its own pid", source,
+                                 number)
+        problems[pid] = r
     return problems
+
+
+_ROW_FIX = f"fix the row or remove it ({_LAYOUT_HINT})"
+
+
+def _check_row(row: Mapping[str, Any]) -> str | None:
+    missing = [f for f in ("pid", "answer") if f not in row]
+    return f"the problem lacks {' and '.join(f'`{f}`' for f in missing)}" if missing else None
 
 
 def resolve_image(problem: Mapping[str, Any], image_root: str | os.PathLike | None = None) -> Any:

@@ -6,7 +6,7 @@ import json
 import pytest
 from PIL import Image
 
-from kimi_vl.errors import ConfigError, DataUnavailableError, InvalidMediaError
+from kimi_vl.errors import ConfigError, DataError, DataUnavailableError, InvalidMediaError
 from kimi_vl.eval import mathvista as mv
 
 
@@ -166,6 +166,20 @@ def test_empty_testmini_is_refused(tmp_path):
         with pytest.raises(DataUnavailableError, match=r"^no testmini rows in \S*mathvista/testmini.json; put the "
                                                        r"MathVista testmini problems there"):
             mv.load_mathvista(tmp_path)
+
+
+def test_rows_without_pid_or_answer_and_shared_pids_name_the_row(tmp_path):
+    root = tmp_path / "mathvista"
+    root.mkdir()
+    path = root / "testmini.json"
+    no_answer = {k: v for k, v in FLOAT.items() if k != "answer"}
+    for rows, match in (([INT, no_answer], r"testmini.json:2: the problem lacks `answer`; fix the row"),
+                        ([INT, {**FLOAT, "pid": INT["pid"]}], r"testmini.json:2: pid '2' is used by two problems")):
+        path.write_text(json.dumps(rows), encoding="utf-8")
+        with pytest.raises(DataError, match=match):  # the second would have replaced the first, silently
+            mv.load_mathvista(tmp_path)
+    path.write_text(json.dumps([INT, FLOAT]), encoding="utf-8")
+    assert list(mv.load_mathvista(tmp_path)) == ["2", "3"]
 
 
 def test_constant_answer_baseline():
