@@ -181,6 +181,8 @@ def _media_list(row: dict, key: str, kind: str, base: Path | None) -> list[Media
         value = [value]
     if not isinstance(value, (list, tuple)):
         raise _bad(f"'{key}' is a {type(value).__name__}, not a list of {kind}s")
+    if any(isinstance(v, str) and not v.strip() for v in value):
+        raise _bad(f"'{key}' holds an empty path; give each {kind}'s file (or leave the key out)")
     return [MediaRef(kind, v, base) for v in value]
 
 
@@ -296,8 +298,11 @@ def _sharegpt(row: dict, base: Path | None) -> Record:
     images = _media_list(row, "images" if "images" in row else "image", "image", base)
     videos = _media_list(row, "videos" if "videos" in row else "video", "video", base)
     pairs = [(t["from"], t["value"]) for t in turns]
-    if isinstance(row.get("system"), str) and row["system"]:
-        pairs.insert(0, ("system", row["system"]))
+    system = row.get("system")
+    if system is not None and not isinstance(system, str):
+        raise _bad(f"'system' is a {type(system).__name__}, not a string (the system prompt)")
+    if system:
+        pairs.insert(0, ("system", system))
     return Record("chat", messages=_chat(pairs, images, videos, base, need_assistant=True))
 
 

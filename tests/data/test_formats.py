@@ -100,6 +100,10 @@ def test_llava_sharegpt_and_messages_chats():
     ({"messages": [{"role": "user", "content": [{"type": "audio"}]}, {"role": "assistant", "content": "x"}]},
      "unknown type 'audio'"),
     ({"messages": "hello"}, "'messages' is a str, not a list"),
+    ({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "x"}], "system": 123},
+     "'system' is a int, not a string"),
+    ({"image": "", "conversations": [{"from": "human", "value": "<image>Hi"}, {"from": "gpt", "value": "x"}]},
+     "'image' holds an empty path; give each image's file"),
 ])
 def test_bad_chats(row, reason):
     with pytest.raises(BadRecordError, match=reason):
