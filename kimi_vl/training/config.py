@@ -25,7 +25,7 @@ from typing import Any
 
 from ..data.config import DataConfig
 from ..errors import ConfigError
-from ..options import add_dataclass_options, attribute_docs, check_output_dir, coerce, flag
+from ..options import add_dataclass_options, attribute_docs, coerce, flag
 from .presets import get_preset
 from .rl import RLConfig
 from .trainer import TrainConfig
@@ -127,7 +127,6 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
 
 def write_run_config(config: RunConfig, out_dir: str | Path) -> Path:
     """Write the resolved configuration to `out_dir/run_config.json`."""
-    check_output_dir(out_dir)
     path = Path(out_dir) / RUN_CONFIG
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(config.to_dict(), indent=1))
