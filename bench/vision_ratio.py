@@ -1,6 +1,7 @@
 """How many steps the tiny model needs to start reading images, at a given vision-token ratio.
 
-Joint pre-training from scratch (the `tiny` preset's model and tokenizer, MuonClip, 4 x 256-token batches) where
+Joint pre-training from scratch (the `tiny` preset's model, tokenizer and packing, MuonClip: 8 x 256-token batches
+since 2026-11-27; docs/RESULTS.md's figures of this script were measured with the 4 x 256 before) where
 every image document is a one-shape colour question in chat form and every text document an arithmetic sample.
 Every `--every` steps it prints the colour accuracy (teacher-forced, `skills.colour_accuracy`; chance 10%). With
 `--task count` (or `chart_bar`, `ocr`) the image documents are the world's counting (bar-value, printed-word)

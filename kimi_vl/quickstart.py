@@ -267,11 +267,11 @@ def headline(out: Path) -> list[str]:
 
 LOOKUP_MARGIN = 0.10
 """An MMLU-Pro proxy score after RL less than this above its constant answer means the option-letter lookup was
-not learned (runs that learned it score 69-84%; one that did not, 12.9% against a 14.3% constant answer)."""
+not learned (runs that learned it score 69-85%; one that did not, 12.9% against a 14.3% constant answer)."""
 LOOKUP_MISS_SHARE = 0.05
 """A larger share of MMLU-Pro proxy replies after RL that name the right value and then a wrong letter means the
-lookup was only partly learned (0-1 of 140 on 9 of the 10 quickstart seeds of the current drill; 11 on the tenth,
-whose teacher-forced letter skill is 85%; docs/RESULTS.md)."""
+lookup was only partly learned (0-1 of 140 on every quickstart seed of the current drill but one, `runs/qs15`'s
+seed 3: 11, its teacher-forced letter skill 85%; docs/RESULTS.md)."""
 
 
 def letter_lookup_warnings(ev: dict[str, Any]) -> list[str]:
