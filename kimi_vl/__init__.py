@@ -30,6 +30,7 @@ AutoImageProcessor.register(MoonViTConfig, fast_image_processor_class=MoonViTIma
 AutoVideoProcessor.register(MoonViTConfig, MoonViTVideoProcessor, exist_ok=True)
 AutoConfig.register(KimiVLConfig.model_type, KimiVLConfig, exist_ok=True)
 AutoModelForImageTextToText.register(KimiVLConfig, KimiVLForConditionalGeneration, exist_ok=True)
+AutoModelForCausalLM.register(KimiVLConfig, KimiVLForConditionalGeneration, exist_ok=True)  # as `export`'s auto_map
 AutoProcessor.register(KimiVLConfig, KimiVLProcessor, exist_ok=True)
 
 __version__ = "0.1.0"

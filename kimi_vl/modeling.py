@@ -12,7 +12,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from .configuration import KimiVLConfig
 from .errors import ShapeError
-from .fusion.embedding import fuse_media, media_tokens
+from .fusion.embedding import fuse_media, media_tokens, repeat_media_per_sample
 from .text import KimiHybridCache, KimiTextForCausalLM
 from .text.cache import HybridCacheGenerationMixin
 from .text.modeling import real_tokens
@@ -61,6 +61,9 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
     def get_output_embeddings(self) -> nn.Linear:
         return self.language_model.get_output_embeddings()
 
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.language_model.set_output_embeddings(value)
+
     def media_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """Merged, projected media tokens `[num_merged, text_hidden]` for images or video chunks."""
         return media_tokens(self.vision_tower, self.multi_modal_projector, pixel_values, grid_thw)
@@ -70,6 +73,41 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
 
     def get_video_features(self, pixel_values_videos: torch.Tensor, video_grid_thw: torch.Tensor) -> torch.Tensor:
         return self.media_features(pixel_values_videos, video_grid_thw)
+
+    def media_token_counts(self, grid_thw: torch.Tensor) -> torch.Tensor:
+        """`[n]` merged tokens (placeholders) of each `(t, h, w)` row of `grid_thw [n, 3]`: `(h / kh) * (w / kw)`
+        per temporal chunk of up to `temporal_chunk_size` frames."""
+        v = self.config.vision_config
+        kh, kw = v.merge_kernel_size
+        t, h, w = grid_thw.long().unbind(-1)
+        return (-(-t // v.temporal_chunk_size)) * (h // kh) * (w // kw)
+
+    def _expand_inputs_for_generation(
+        self,
+        expand_size: int = 1,
+        is_encoder_decoder: bool = False,
+        input_ids: torch.LongTensor | None = None,
+        **model_kwargs,
+    ) -> tuple[torch.LongTensor | None, dict]:
+        """transformers' expansion of the batch for `num_return_sequences` and beam search, with the media repeated
+        per sample (`repeat_media_per_sample`): media tensors have one row per patch and per grid, not per sample,
+        so transformers' `repeat_interleave` of every tensor would hand each copy of a sample other pixels."""
+        media = {}
+        if expand_size > 1 and input_ids is not None:
+            for kind, token_id, pixels_key, grid_key in (
+                ("image", self.config.image_token_id, "pixel_values", "image_grid_thw"),
+                ("video", self.config.video_token_id, "pixel_values_videos", "video_grid_thw"),
+            ):
+                pixels, grid = model_kwargs.get(pixels_key), model_kwargs.get(grid_key)
+                if pixels is not None and grid is not None:
+                    del model_kwargs[pixels_key], model_kwargs[grid_key]
+                    media[pixels_key], media[grid_key] = repeat_media_per_sample(
+                        input_ids == token_id, pixels, grid, self.media_token_counts(grid), expand_size, kind
+                    )
+        input_ids, model_kwargs = super()._expand_inputs_for_generation(
+            expand_size, is_encoder_decoder, input_ids, **model_kwargs
+        )
+        return input_ids, {**model_kwargs, **media}
 
     def embed(
         self,

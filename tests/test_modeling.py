@@ -155,6 +155,26 @@ def test_generate_with_images_equals_cache_free_decoding():
     assert torch.equal(out, seq)
 
 
+def test_num_return_sequences_and_beams_repeat_each_samples_own_media():
+    """`num_return_sequences` / `num_beams` repeat every sample with its own media: the first step's logits of each
+    copy are its sample's (transformers' `repeat_interleave` of the patch and grid rows mixed the samples' media)."""
+    model = tiny_vl()
+    (p0, g0), (p1, g1), (p2, g2) = image(2, 4), image(4, 2), image(2, 2)
+    pv, gv = torch.randn(2 * 4 * 4 + 4 * 4, 3, 14, 14), [[2, 4, 4], [1, 4, 4]]
+    rows = [sample([3], [g0], [4]), [3, 4, 5], sample([3], [g1, g2], [4]) + sample([], gv, [6], token=VID)]
+    ids, mask = _left_pad(rows)
+    kw = dict(attention_mask=mask, pixel_values=torch.cat([p0, p1, p2]), image_grid_thw=torch.tensor([g0, g1, g2]),
+              pixel_values_videos=pv, video_grid_thw=torch.tensor(gv))
+    with torch.no_grad():
+        ref = model(ids, **kw).logits[:, -1].repeat_interleave(2, 0)
+    gen = dict(max_new_tokens=2, pad_token_id=PAD, eos_token_id=None, return_dict_in_generate=True,
+               output_logits=True)
+    out = model.generate(ids, do_sample=True, num_return_sequences=2, **gen, **kw)
+    assert (out.logits[0] - ref).abs().max() < 1e-4
+    out = model.generate(ids, num_beams=2, **gen, **kw)
+    assert (out.logits[0] - ref).abs().max() < 1e-4
+
+
 @torch.no_grad()
 def test_video_and_image_in_one_prompt_with_cache():
     model = tiny_vl()
@@ -194,6 +214,49 @@ def test_save_and_reload_in_a_fresh_process(tmp_path):
     )
     subprocess.run([sys.executable, "-c", code], check=True, capture_output=True)
     assert (torch.load(tmp_path / "out.pt") - ref).abs().max() < 1e-5  # a fresh process: same up to float rounding
+
+
+def test_auto_model_for_causal_lm_loads_the_fusion_model_without_remote_code(tmp_path):
+    """`import kimi_vl` maps `AutoModelForCausalLM` to the fusion model, as the exported `auto_map` does: a published
+    folder loads the installed classes instead of asking to run its remote code."""
+    from transformers import AutoModelForCausalLM
+
+    from kimi_vl.export import add_remote_code
+
+    tiny_vl().save_pretrained(tmp_path)
+    add_remote_code(tmp_path)
+    assert type(AutoModelForCausalLM.from_pretrained(tmp_path)) is KimiVLForConditionalGeneration
+
+
+def test_resize_token_embeddings_grows_the_vocabulary(tmp_path):
+    """transformers' `resize_token_embeddings` (tokens added to the tokenizer) resizes the embedding and the LM head
+    and the text config's vocabulary, and the resized model saves and reloads."""
+    model = tiny_vl()
+    p, g = image(2, 2)
+    ids = torch.tensor([sample([3], [g], [4, 5])])
+    with torch.no_grad():
+        ref = model(ids, pixel_values=p, image_grid_thw=torch.tensor([g])).logits
+    model.resize_token_embeddings(90)
+    assert model.get_input_embeddings().num_embeddings == model.get_output_embeddings().out_features == 90
+    assert model.config.text_config.vocab_size == 90
+    with torch.no_grad():
+        assert torch.equal(model(ids, pixel_values=p, image_grid_thw=torch.tensor([g])).logits[..., :80], ref)
+    assert model.generate(torch.tensor([[3, 85]]), max_new_tokens=2, do_sample=False).shape == (1, 4)
+    model.save_pretrained(tmp_path)
+    assert KimiVLForConditionalGeneration.from_pretrained(tmp_path).get_output_embeddings().out_features == 90
+
+
+@pytest.mark.parametrize("attn_implementation", ["sdpa", "eager"])
+def test_loads_with_either_attention_implementation(tmp_path, attn_implementation):
+    """`from_pretrained(..., attn_implementation="sdpa")` loads (the vision tower's packed attention is SDPA; it was
+    refused as unsupported by MoonViT), with the model's logits."""
+    model = tiny_vl()
+    model.save_pretrained(tmp_path)
+    p, g = image(2, 2)
+    ids, kw = torch.tensor([sample([3], [g], [4, 5])]), dict(pixel_values=p, image_grid_thw=torch.tensor([g]))
+    loaded = KimiVLForConditionalGeneration.from_pretrained(tmp_path, attn_implementation=attn_implementation)
+    with torch.no_grad():
+        assert (loaded(ids, **kw).logits - model(ids, **kw).logits).abs().max() < 1e-5
 
 
 def test_imported_kimi_k25_vision_gives_transformers_media_embeddings(tmp_path):

@@ -65,4 +65,32 @@ def fuse_media(
     return embeds
 
 
-__all__ = ["fuse_media", "media_tokens", "scatter_media"]
+def repeat_media_per_sample(
+    placeholders: torch.Tensor, pixel_values: torch.Tensor, grid_thw: torch.Tensor, tokens_per_row: torch.Tensor,
+    repeats: int, kind: str,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The media of a batch repeated as `input_ids.repeat_interleave(repeats, 0)` repeats its samples (generation's
+    `num_return_sequences` and beams): each sample's own media, whole and in order, `repeats` times in a row.
+
+    `placeholders [B, T]` marks the placeholder tokens of this kind, `pixel_values [patches, ...]` with
+    `grid_thw [n, 3]` are the media of the whole batch, `tokens_per_row [n]` the placeholder tokens of each grid
+    row. Returns `(pixel_values, grid_thw)` for the `B * repeats` samples. Raises `InvalidMediaError` when the
+    placeholders and the media do not match (counts, or a medium split between two samples)."""
+    row_ends = tokens_per_row.to(placeholders.device).cumsum(0)
+    sample_ends = placeholders.sum(1).cumsum(0)
+    total = int(row_ends[-1]) if len(row_ends) else 0
+    if int(sample_ends[-1]) != total or not bool(torch.isin(sample_ends[sample_ends > 0], row_ends).all()):
+        raise InvalidMediaError(
+            f"the text has {int(sample_ends[-1])} {kind} placeholder tokens but the {kind}s give {total} {kind} "
+            f"tokens, or a {kind}'s tokens span two samples; build inputs with KimiVLProcessor."
+        )
+    rows = [0, *torch.searchsorted(row_ends, sample_ends, right=True).tolist()]
+    patches = [0, *grid_thw.prod(-1).cumsum(0).tolist()]
+    pixels, grids = [], []
+    for start, end in zip(rows[:-1], rows[1:]):
+        pixels += [pixel_values[patches[start] : patches[end]]] * repeats
+        grids += [grid_thw[start:end]] * repeats
+    return torch.cat(pixels), torch.cat(grids)
+
+
+__all__ = ["fuse_media", "media_tokens", "repeat_media_per_sample", "scatter_media"]

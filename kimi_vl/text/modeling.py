@@ -130,6 +130,14 @@ def build_mla_mask(
     return (causal & valid) | own
 
 
+def refuse_attention_outputs(kwargs: dict) -> None:
+    """`output_attentions=True` has nothing to return: the KDA layers form no attention matrix and the MLA layers run
+    fused attention. Refused rather than answered with None."""
+    if kwargs.get("output_attentions"):
+        raise ConfigError("output_attentions=True is not supported: KDA layers form no attention matrix and MLA "
+                          "layers run fused attention; output_hidden_states=True gives every layer's hidden states.")
+
+
 class KimiTextModel(KimiTextPreTrainedModel):
     """Embeddings, the hybrid decoder layers, the residual stream and the final norm.
 
@@ -180,6 +188,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         order without them). When not given they are derived: restarting at 0 in each packed sequence with
         `cu_seqlens`; from the 2-D `attention_mask` (`cumsum - 1`, so left padding does not shift a row's positions,
         the rule `generate` uses); else `cached + 0..T-1`."""
+        refuse_attention_outputs(kwargs)
         if (input_ids is None) == (inputs_embeds is None):
             raise ShapeError("Pass exactly one of input_ids [B, T] or inputs_embeds [B, T, hidden].")
         if inputs_embeds is None:
@@ -327,6 +336,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         loss (`causal_lm_loss`; `loss_normalisation="document"` weighs every packed sequence of `cu_seqlens`
         equally). `return_logits=False` (the trainer's forwards) with `labels`: when the logits would exceed
         `LOSS_CHUNK_ELEMENTS`, the loss comes from `chunked_causal_lm_loss` and `logits` is None."""
+        refuse_attention_outputs(kwargs)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,

@@ -30,7 +30,7 @@ from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_S
 from transformers.processing_utils import ImagesKwargs
 from transformers.utils import TensorType
 
-from ..errors import ConfigError
+from ..errors import ConfigError, InvalidMediaError
 from .media import load_image
 
 
@@ -112,6 +112,18 @@ def resize_and_pad(
     return F.pad(pixels, (0, -(-w // unit) * unit - w, 0, -(-h // unit) * unit - h))
 
 
+def check_not_rescaled(pixels: torch.Tensor, do_rescale: bool, kind: str) -> None:
+    """Refuse float pixels `[..., C, H, W]` that all lie in [0, 1], not all 0, when `do_rescale` would divide them by
+    255 again (torchvision's `to_tensor` convention): they would reach the model as a black image, silently."""
+    if not (do_rescale and pixels.is_floating_point() and pixels.numel()):
+        return
+    if 0 <= float(pixels.min()) and 0 < float(pixels.max()) <= 1:  # an all-black image reads the same either way
+        raise InvalidMediaError(
+            f"{kind} pixels are floats in [0, 1] (already rescaled), but do_rescale=True divides them by 255 again; "
+            "pass uint8 pixels (0..255), e.g. `(pixels * 255).round().to(torch.uint8)`, or do_rescale=False."
+        )
+
+
 def check_square_size(size: SizeDict | None) -> None:
     """The per-side cap is one number of patches: `size` must be `{"max_height": n, "max_width": n}`."""
     if size is not None and (size.max_height is None or size.max_height != size.max_width):
@@ -124,7 +136,8 @@ class MoonViTImageProcessor(TorchvisionBackend):
     """Native-resolution image processor of MoonViT-3D (same settings and outputs as `Kimi_K25ImageProcessor`).
 
     Accepts one image or a list (nested lists allowed) of paths, `file://` URLs, PIL images, uint8 numpy arrays
-    (all read through `media.load_image`) or already-decoded torch tensors. Settings may be overridden per call.
+    (all read through `media.load_image`) or already-decoded torch tensors (uint8, or floats in 0..255; floats in
+    [0, 1] need `do_rescale=False`). Settings may be overridden per call.
     """
 
     do_resize = True
@@ -173,6 +186,7 @@ class MoonViTImageProcessor(TorchvisionBackend):
         """`images`: list of uint8 `[3, H, W]` tensors -> `pixel_values`, `image_grid_thw` (module docstring)."""
         patches, grids = [], []
         for image in images:
+            check_not_rescaled(image, do_rescale, "image")
             image = resize_and_pad(self, image, do_resize, size, resample, patch_size, merge_size, max_patches)
             image = self.rescale_and_normalize(image, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
             patches.append(patchify(image, patch_size))
@@ -196,6 +210,7 @@ class MoonViTImageProcessor(TorchvisionBackend):
 __all__ = [
     "MoonViTImageProcessor",
     "MoonViTImageProcessorKwargs",
+    "check_not_rescaled",
     "fit_to_patch_budget",
     "patch_grid",
     "patchify",

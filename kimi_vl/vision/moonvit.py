@@ -241,6 +241,7 @@ class MoonViTPreTrainedModel(PreTrainedModel):
     input_modalities = ("image", "video")
     supports_gradient_checkpointing = True
     _no_split_modules = ["MoonViTBlock"]
+    _supports_sdpa = True  # packed attention runs F.scaled_dot_product_attention per medium
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:

@@ -33,7 +33,7 @@ from transformers.video_processing_utils import BaseVideoProcessor
 from transformers.video_utils import VideoMetadata
 
 from ..errors import InvalidMediaError
-from .image_processing import check_square_size, patch_grid, patchify, resize_and_pad
+from .image_processing import check_not_rescaled, check_square_size, patch_grid, patchify, resize_and_pad
 from .media import DEFAULT_MAX_FRAMES, load_video, sample_frame_indices
 
 
@@ -166,6 +166,7 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
         """`videos`: list of uint8 `[T, 3, H, W]` -> `pixel_values_videos`, `video_grid_thw`, `num_chunks_per_video`."""
         patches, grids, chunks = [], [], []
         for video in videos:
+            check_not_rescaled(video, do_rescale, "video")
             video = resize_and_pad(self, video, do_resize, size, resample, patch_size, merge_size, max_patches)
             video = self.rescale_and_normalize(video, do_rescale, rescale_factor, do_normalize, image_mean, image_std)
             num_frames, grid_h, grid_w = video.shape[0], video.shape[-2] // patch_size, video.shape[-1] // patch_size

@@ -228,6 +228,16 @@ def test_bad_forward_inputs_raise():
         model()
 
 
+def test_attention_outputs_are_refused_not_answered_with_none():
+    model = tiny_model()
+    ids = torch.randint(3, 61, (1, 6))
+    for call in (lambda: model(ids, output_attentions=True), lambda: model.model(ids, output_attentions=True),
+                 lambda: model.generate(ids, max_new_tokens=2, output_attentions=True, return_dict_in_generate=True)):
+        with pytest.raises(ConfigError, match="output_attentions"):
+            call()
+    assert model(ids, output_attentions=False).logits.shape == (1, 6, 61)
+
+
 def test_hidden_states_and_gradient_checkpointing():
     model = tiny_model().train()
     ids = torch.randint(3, 61, (2, 20))
@@ -246,6 +256,23 @@ def test_hidden_states_and_gradient_checkpointing():
     for n, p in model.named_parameters():
         if n in ref:
             assert torch.allclose(p.grad, ref[n], atol=1e-6), n
+
+
+@pytest.mark.parametrize("residual", ["block_attnres", "attnres"])
+def test_reentrant_activation_checkpointing_keeps_every_gradient(residual):
+    """`use_reentrant=True` (PEFT's default) sees only tensor arguments: AttnRes's depth mixing takes lists of
+    sources, whose gradient it cut (parameters without gradients, others wrong) until they were passed one by one."""
+    model = tiny_model(residual=residual, attnres_block_size=2).train()
+    ids = torch.randint(3, 61, (2, 12))
+    model(ids, labels=ids).loss.backward()
+    ref = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    model.zero_grad()
+    model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": True})
+    model(ids, labels=ids).loss.backward()
+    grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+    assert grads.keys() == ref.keys()
+    for n, g in grads.items():
+        assert torch.allclose(g, ref[n], atol=1e-6), n
 
 
 def test_per_document_loss_weighs_every_packed_sequence_equally():

@@ -102,6 +102,23 @@ def test_no_resize_still_pads():
     assert out["image_grid_thw"].tolist() == [[1, 4, 216]]
 
 
+def test_float_pixels_in_0_1_are_refused_unless_do_rescale_is_off():
+    """Float tensors in [0, 1] (torchvision's `to_tensor`) would be divided by 255 again, a black image: refused with
+    a message; with `do_rescale=False` they give the uint8 image's pixels, and float pixels in 0..255 are read."""
+    pixels = torch.rand(3, 30, 50)
+    as_uint8 = (pixels * 255).round().to(torch.uint8)
+    image, video = MoonViTImageProcessor(), MoonViTVideoProcessor()
+    with pytest.raises(InvalidMediaError, match=r"do_rescale=False"):
+        image(pixels, return_tensors="pt")
+    with pytest.raises(InvalidMediaError, match=r"do_rescale=False"):
+        video([pixels[None].repeat(2, 1, 1, 1)], do_sample_frames=False, return_tensors="pt")
+    ref = image(as_uint8, return_tensors="pt")["pixel_values"]
+    assert (image(as_uint8 / 255, do_rescale=False, return_tensors="pt")["pixel_values"] - ref).abs().max() < 1e-5
+    assert (image(as_uint8.float(), return_tensors="pt")["pixel_values"] - ref).abs().max() < 1e-5
+    black = image(torch.zeros(3, 30, 50, dtype=torch.uint8), return_tensors="pt")["pixel_values"]
+    assert torch.equal(image(torch.zeros(3, 30, 50), return_tensors="pt")["pixel_values"], black)
+
+
 def test_bad_settings_and_bad_media(tmp_path):
     processor = MoonViTImageProcessor()
     with pytest.raises(ConfigError, match="max_height"):
