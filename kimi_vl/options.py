@@ -81,15 +81,24 @@ def _scalar(text: str, kind: type, name: str) -> Any:
         raise ConfigError(f"{name}: {text!r} is not a valid {kind.__name__}.") from exc
 
 
+def _is_none(value: Any) -> bool:
+    """Whether a setting's value says none: None, or the string none / null."""
+    return value is None or (isinstance(value, str) and value.strip().lower() in ("none", "null"))
+
+
 def coerce(value: Any, hint: Any, name: str) -> Any:
     """`value` (from a config file or the command line) as the field's type: numbers from strings, "none" for an
-    optional field, lists from a string of comma-separated items, `{str: float}` dicts from `k=v,k=v`."""
+    optional field (for a list: the empty list), lists from a string of comma-separated items, `{str: float}` dicts
+    from `k=v,k=v`."""
     kind, optional = optional_type(hint)
-    if value is None or (optional and isinstance(value, str) and value.strip().lower() in ("none", "null")):
+    origin = typing.get_origin(kind)
+    if origin is list and (_is_none(value) or (isinstance(value, (list, tuple)) and len(value) == 1
+                                               and _is_none(value[0]))):
+        return []  # `--data none` (a repeatable option's one value), `data: null`: no items
+    if value is None or (optional and _is_none(value)):
         if not optional:
             raise ConfigError(f"{name} cannot be none.")
         return None
-    origin = typing.get_origin(kind)
     if origin is list:
         (item,) = typing.get_args(kind)
         items = value.split(",") if isinstance(value, str) else value

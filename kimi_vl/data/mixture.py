@@ -356,11 +356,13 @@ def encode_record(record: Record, processor: Any, seq_len: int) -> Document:
 def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int, seed: int,
                    vision_ratio: float | None = None, max_misses: int = 6) -> PackedStream:
     """A packed stream of the mixture's documents and chats, calibrated (see the module docstring). With a vision
-    ratio and both media and text sources, media sources fill the vision share of every batch."""
-    media = mixture.media_sources() if vision_ratio is not None else []
-    texts = [s for s in mixture.sources if s not in media]
+    ratio and both media and text sources, media sources fill the vision share of every batch. Sources weighted 0
+    are never drawn: they count as neither."""
+    drawn = [s for s in mixture.sources if mixture.weights[s.name] > 0]
+    media = [s for s in mixture.media_sources() if s in drawn] if vision_ratio is not None else []
+    texts = [s for s in drawn if s not in media]
     ratio = vision_ratio if media and texts else None
-    groups = [mixture.group(texts), mixture.group(media)] if ratio is not None else [mixture.group(mixture.sources)]
+    groups = [mixture.group(texts), mixture.group(media)] if ratio is not None else [mixture.group(drawn)]
 
     known_bad: dict[tuple[str, int], str] = {}
 

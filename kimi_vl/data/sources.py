@@ -30,6 +30,7 @@ worker and rank; prefer a downloaded dataset for long runs.
 
 from __future__ import annotations
 
+import codecs
 import glob as globlib
 import hashlib
 import json
@@ -462,13 +463,14 @@ def _image_struct(image: Any) -> dict[str, Any]:
 
 # -------------------------------------------------------------------------------------------------------------- source
 def open_file(path: Path) -> Any:
-    """The reader of one data file, chosen by its suffix (`.json`: JSONL unless it starts with `[`)."""
+    """The reader of one data file, chosen by its suffix (`.json`: JSONL unless it starts with `[`, after any UTF-8
+    byte order mark)."""
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         return JsonlFile(path)
     if suffix == ".json":
         with open(path, "rb") as f:
-            head = f.read(4096).lstrip()
+            head = f.read(4096).removeprefix(codecs.BOM_UTF8).lstrip()
         return JsonArrayFile(path) if head.startswith(b"[") else JsonlFile(path)
     if suffix == ".parquet":
         return ParquetFile(path)
@@ -480,9 +482,10 @@ def open_file(path: Path) -> Any:
 
 
 def split_weight(spec: str) -> tuple[str, float | None]:
-    """`SRC=WEIGHT` -> `(SRC, WEIGHT)`; `(SRC, None)` without a weight."""
+    """`SRC=WEIGHT` -> `(SRC, WEIGHT)`; `(SRC, None)` without a weight, or when `spec` is an existing path as it is
+    (a Hive-style partition folder such as `data/split=0`: `data/split=0=2` weighs it 2)."""
     target, sep, weight = spec.rpartition("=")
-    if sep:
+    if sep and not os.path.exists(spec):
         try:
             value = float(weight)
         except ValueError:
@@ -494,13 +497,14 @@ def split_weight(spec: str) -> tuple[str, float | None]:
 
 
 def data_files(target: str) -> list[Path]:
-    """The data files a path, folder or glob names (sorted; folders and globs keep only `DATA_SUFFIXES`)."""
-    if any(c in target for c in "*?["):
-        found = sorted(Path(p) for p in globlib.glob(target, recursive=True))
-    elif os.path.isdir(target):
-        found = sorted(p for p in Path(target).rglob("*") if p.is_file())
-    elif os.path.isfile(target):
+    """The data files a path, folder or glob names (sorted; folders and globs keep only `DATA_SUFFIXES`). An existing
+    file or folder is taken as named, even when its name holds glob characters (`data [v2].json`)."""
+    if os.path.isfile(target):
         return [Path(target)]
+    if os.path.isdir(target):
+        found = sorted(p for p in Path(target).rglob("*") if p.is_file())
+    elif any(c in target for c in "*?["):
+        found = sorted(Path(p) for p in globlib.glob(target, recursive=True))
     else:
         raise DataError(f"data source {target!r} does not exist (a file, a folder, a glob, or hf:ORG/NAME).")
     files = [p for p in found if p.is_file() and p.suffix.lower() in DATA_SUFFIXES]

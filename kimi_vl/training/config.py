@@ -48,10 +48,14 @@ class RunConfig:
     rl: RLConfig | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        out = {"stage": self.stage, "preset": self.preset, "seed": self.seed, "train": dataclasses.asdict(self.train),
-               "data": dataclasses.asdict(self.data)}
-        if self.rl is not None:
-            out["rl"] = dataclasses.asdict(self.rl)
+        """The stage, preset, seed and each section's settings that apply to the stage (`stage_fields`: what
+        `--config` accepts back for it)."""
+        fields = stage_fields(self.stage)
+        out: dict[str, Any] = {"stage": self.stage, "preset": self.preset, "seed": self.seed}
+        for section, value in (("train", self.train), ("data", self.data), ("rl", self.rl)):
+            if value is not None:
+                out[section] = {k: v for k, v in dataclasses.asdict(value).items()
+                                if fields.get(k, ("",))[0] == section}
         return out
 
 

@@ -156,9 +156,9 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
     asked = json.loads(json.dumps(cfg.to_dict()))
     changes = [f"{key} {saved.get(key)!r} -> {asked[key]!r}" for key in ("stage", "preset", "seed")
                if saved.get(key) != asked[key]]
-    for section in ("train", "data", "rl"):
+    for section in ("train", "data", "rl"):  # the stage's settings (files written before kept every field)
         old, new = saved.get(section) or {}, asked.get(section) or {}
-        changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted({*old, *new})
+        changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted(new)
                     if name not in RUN_ONLY_SETTINGS and old.get(name) != new.get(name)]
     if from_dir is not None:  # recorded absolute (runs before that: relative to where they were started)
         was = (read_summary(out_dir) or {}).get("from")

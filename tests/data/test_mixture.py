@@ -133,6 +133,9 @@ def test_vision_ratio_on_users_media_and_text_sources(proc, tmp_path):
     assert int((b.input_ids == proc.image_token_id).sum()) == int(b.image_grid_thw.prod(-1).sum()) // 4
     alone = mixture_stream(mixture(text), proc, seq_len=128, rows=4, seed=0, vision_ratio=0.3)
     assert alone.batch(0).num_vision_tokens == 0  # no media source: no ratio to keep
+    for off, on in ((pictures, text), (text, pictures)):  # a source weighted 0 is never drawn, not a group of its own
+        batch = mixture_stream(mixture(f"{off}=0", on), proc, seq_len=128, rows=4, seed=0, vision_ratio=0.3).batch(0)
+        assert off not in batch.documents and batch.documents[on] > 0
 
 
 def test_rl_prompts_from_users_rows(tmp_path):

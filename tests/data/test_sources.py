@@ -132,6 +132,31 @@ def test_sources_weights_folders_and_globs(user_data, tmp_path):
     assert src.where(4) == (str(root / "shards" / "part-00001.tar"), "sample11")
 
 
+def test_a_json_array_with_a_byte_order_mark_is_an_array(user_data, tmp_path):
+    """A LLaVA JSON array saved with a UTF-8 byte order mark (Windows editors, PowerShell) is read as an array, not
+    as JSON lines that are each malformed."""
+    bom = tmp_path / "llava.json"
+    bom.write_text(user_data["llava.json"].read_text(), encoding="utf-8-sig")
+    src = open_source(str(bom))
+    assert len(src) == 9 and src.read(8)[0]["id"] == "text-only" and src.where(8) == (str(bom), 8)
+
+
+def test_paths_named_like_weights_or_globs_are_read_as_named(user_data, tmp_path):
+    """A Hive-style partition folder (`split=0`) is a path, not a source weighted 0, and a file whose name holds glob
+    characters (`llava [v2].json`) is that file, not a glob matching nothing."""
+    hive = tmp_path / "data" / "split=0"
+    hive.mkdir(parents=True)
+    (hive / "a.jsonl").write_text(user_data["sharegpt.jsonl"].read_text())
+    assert split_weight(str(hive)) == (str(hive), None)
+    assert split_weight(f"{hive}=2") == (str(hive), 2.0)
+    src = open_source(str(hive))
+    assert src.weight is None and len(src) == 1
+    odd = tmp_path / "llava [v2].json"
+    odd.write_text(user_data["llava.json"].read_text())
+    assert data_files(str(odd)) == [odd] and len(open_source(f"{odd}=3")) == 9
+    assert data_files(str(tmp_path / "*.json")) == [odd]  # a glob is still a glob
+
+
 def test_fingerprint_ignores_mtime_but_sees_content(tmp_path):
     import os
 

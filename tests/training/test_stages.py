@@ -2,6 +2,7 @@
 skipping finished stages (and refusing to pass one off as a run of other settings), the RL stage's resume, and the
 CLI."""
 
+import dataclasses
 import json
 import re
 import warnings
@@ -12,8 +13,9 @@ import torch
 from transformers import AutoModelForImageTextToText
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
-from kimi_vl.cli import main
+from kimi_vl.cli import build_parser, main
 from kimi_vl.errors import CheckpointError, ConfigError
+from kimi_vl.training.config import load_config_file, resolve, stage_overrides, write_run_config
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import (
     family_tasks,
@@ -48,10 +50,36 @@ def test_pretrain_writes_a_loadable_checkpoint(pretrained):
     mtime = (pretrained / "model.safetensors").stat().st_mtime
     pretrain(pretrained, steps=3, progress=False)  # finished: not rerun
     pretrain(pretrained, steps=3, num_workers=1, checkpoint_every=7)  # settings of how it runs: the same run
+    saved = (pretrained / "run_config.json").read_text()
+    legacy = {**json.loads(saved), "data": dataclasses.asdict(get_preset("tiny").data["pretrain"])}
+    (pretrained / "run_config.json").write_text(json.dumps(legacy))  # written before: every field, RL's too
+    pretrain(pretrained, steps=3, progress=False)  # still the same run
+    (pretrained / "run_config.json").write_text(saved)
     with pytest.raises(ConfigError, match=r"finished pretrain run with other settings \(lr 0.003 -> 0.001; steps 3 -> "
                                           r"5\).*another --out"):
         pretrain(pretrained, steps=5, lr=1e-3, progress=False)  # not passed off as the run asked for
     assert (pretrained / "model.safetensors").stat().st_mtime == mtime
+
+
+@pytest.mark.parametrize("stage", ["pretrain", "sft", "rl"])
+def test_a_runs_resolved_configuration_is_accepted_back(stage, tmp_path):
+    """`OUT/run_config.json` holds the settings of its stage only, so `--config` takes it back as it is (a field of
+    another stage, such as RL's `families` in a pre-training run's file, would be an unknown setting)."""
+    cfg = resolve(stage, "tiny", {"lr": 1e-3, "sources": ["a.jsonl=2"]}, seed=3)
+    settings = load_config_file(write_run_config(cfg, tmp_path))
+    preset, seed = settings.pop("preset"), settings.pop("seed")
+    assert resolve(stage, preset, settings, seed=seed) == cfg
+
+
+def test_data_none_is_the_embedded_data(tmp_path):
+    """`--data none` (the option's help: "none: the embedded data"), e.g. to override a config file's sources, and
+    `data: null` in the file give no sources; `--val-data none` no validation sources."""
+    (tmp_path / "c.yaml").write_text("data: null\nval_data: [v.jsonl]\n")
+    args = build_parser().parse_args(["train", "sft", "--from", "f", "--out", "o", "--data", "none",
+                                      "--val-data", "none"])
+    assert resolve("sft", "tiny", stage_overrides(args, "sft")).data.sources == []
+    assert resolve("sft", "tiny", stage_overrides(args, "sft")).data.val_sources == []
+    assert resolve("sft", "tiny", load_config_file(tmp_path / "c.yaml")).data.sources == []
 
 
 @pytest.mark.parametrize("finished_here", [True, False])
