@@ -419,6 +419,21 @@ def _check_loss_inputs(labels: torch.Tensor, shape: torch.Size, cu_seqlens: torc
         raise ShapeError("per-document loss normalisation needs packed inputs: batch 1 with cu_seqlens.")
 
 
+def loss_denominator(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
+                     ) -> int:
+    """What `causal_lm_loss` divides by for `labels [B, T]`: the number of `next_token_targets` != -100, or (with
+    `per_document`) of packed sequences that have targets. Weighing each micro-batch's loss by it over the step's
+    total makes an accumulated or distributed step's loss the mean over the whole global batch."""
+    target = next_token_targets(labels, cu_seqlens).flatten()
+    valid = target != -100
+    if not per_document:
+        return int(valid.sum())
+    _check_loss_inputs(labels, labels.shape, cu_seqlens, per_document)
+    segment = torch.searchsorted(cu_seqlens[1:].to(labels.device).long(),
+                                 torch.arange(len(target), device=labels.device), right=True)
+    return int(torch.unique(segment[valid]).numel())
+
+
 def causal_lm_loss(
     logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
 ) -> torch.Tensor:

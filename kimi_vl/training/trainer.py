@@ -38,6 +38,7 @@ from ..data.loader import batches
 from ..data.mixture import fingerprint_changes
 from ..errors import CheckpointError, ConfigError, DataError, TrainingDivergedError, TrainingInterrupted
 from ..progress import progress_bar
+from ..text.modeling import loss_denominator
 from .checkpoint import checkpoint_step, latest_checkpoint, load_checkpoint, save_checkpoint
 from .distributed import gather_ints
 from .muonclip import MuonClip
@@ -249,29 +250,40 @@ class LanguageModelStep:
             self.stream = None
 
     def backward(self, trainer: Trainer) -> dict[str, Any]:
-        """Forward and backward of the step's micro-batches; the global batch's mean loss, token counts, and what the
-        data layer drew (documents per source, bad records skipped)."""
-        acc, grad_accum = trainer.accelerator, trainer.cfg.grad_accum
+        """Forward and backward of the step's micro-batches; the global batch's mean loss (over all its targets, or
+        documents: `loss_denominator`), token counts, and what the data layer drew (documents per source, bad records
+        skipped)."""
+        acc, grad_accum, normalisation = trainer.accelerator, trainer.cfg.grad_accum, trainer.cfg.loss_normalisation
         world = acc.num_processes
+        micro_batches = [next(self.stream) for _ in range(grad_accum)]
+        # each micro-batch's mean loss weighs by its share of the global batch's targets (or documents), so the step's
+        # loss is the mean over the whole global batch, whatever its split into micro-batches and ranks
+        counts = [loss_denominator(b.labels, b.cu_seqlens, per_document=normalisation == "document")
+                  for b in micro_batches]
+        step_count = sum(counts)
+        if world > 1:
+            global_count = torch.tensor([step_count], dtype=torch.float64, device=acc.device)
+            torch.distributed.all_reduce(global_count)
+            step_count = int(global_count.item())
+        shares = [c / step_count if step_count else math.nan for c in counts]  # no targets at all: a NaN, skipped
         total, tokens, vision_tokens = 0.0, 0, 0
         drawn: dict[str, Any] = {"documents": Counter(), "bad_records": []}
-        for micro in range(grad_accum):
-            batch = next(self.stream)
+        for micro, (batch, share) in enumerate(zip(micro_batches, shares)):
             drawn["documents"].update(getattr(batch, "documents", {}))
             drawn["bad_records"] += getattr(batch, "bad_records", [])
             batch = batch.to(acc.device)
             sync = nullcontext() if micro == grad_accum - 1 else acc.no_sync(trainer.model)
             with sync, acc.autocast():
-                loss = trainer.model(**batch.model_inputs(), loss_normalisation=trainer.cfg.loss_normalisation,
+                loss = trainer.model(**batch.model_inputs(), loss_normalisation=normalisation,
                                      return_logits=False).loss
-            acc.backward(loss / grad_accum)
-            total += loss.detach().float().item() / grad_accum
+            acc.backward(loss * (share * world))  # DDP averages the ranks' gradients: * world undoes it
+            total += loss.detach().float().item() * share
             tokens += batch.num_tokens
             vision_tokens += batch.num_vision_tokens
         if world > 1:  # the global batch: mean loss, summed token counts, every rank's draws
             stats = torch.tensor([total, tokens, vision_tokens], dtype=torch.float64, device=acc.device)
             torch.distributed.all_reduce(stats)
-            total, tokens, vision_tokens = stats[0].item() / world, int(stats[1]), int(stats[2])
+            total, tokens, vision_tokens = stats[0].item(), int(stats[1]), int(stats[2])
             gathered: list[Any] = [None] * world
             torch.distributed.all_gather_object(gathered, drawn)
             drawn = {"documents": sum((Counter(g["documents"]) for g in gathered), Counter()),

@@ -157,6 +157,53 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
         assert p.shape == q.shape, name
 
 
+class UnevenData(CountingData):
+    """Micro-batches of uneven weight: even indices keep labels on the last 2 tokens of each document (token
+    normalisation) or on one document only (document normalisation), odd ones on every token of every document."""
+
+    def __init__(self, per_document: bool):
+        super().__init__()
+        self.per_document = per_document
+
+    def batch(self, index: int) -> Batch:
+        b = super().batch(index)
+        if index % 2 == 0:
+            labels = torch.full_like(b.labels, -100)
+            keep = [slice(0, self.length)] if self.per_document else [
+                slice(e - 2, e) for e in b.cu_seqlens[1:].tolist()]
+            for k in keep:
+                labels[:, k] = b.labels[:, k]
+            b.labels = labels
+        return b
+
+
+class MergedData:
+    """Micro-batches `2i` and `2i + 1` of `data` packed into one batch `i`."""
+
+    def __init__(self, data: UnevenData):
+        self.data = data
+
+    def batch(self, index: int) -> Batch:
+        a, b = self.data.batch(2 * index), self.data.batch(2 * index + 1)
+        return Batch(torch.cat([a.input_ids, b.input_ids], 1), torch.cat([a.labels, b.labels], 1),
+                     torch.cat([a.cu_seqlens, b.cu_seqlens[1:] + a.cu_seqlens[-1]]))
+
+
+@pytest.mark.parametrize("normalisation", ["token", "document"])
+def test_accumulated_micro_batches_train_as_one_batch_of_their_targets(tmp_path, normalisation):
+    """With `grad_accum` the step's loss is the mean over all its micro-batches' targets (or documents), as if
+    they were one batch, not the mean of each micro-batch's mean: a micro-batch with few targets does not weigh as
+    much as one with many."""
+    per_document = normalisation == "document"
+    settings = dict(steps=2, loss_normalisation=normalisation, max_grad_norm=None)
+    Trainer(tiny_lm(), UnevenData(per_document), cfg(grad_accum=2, **settings), tmp_path / "accumulated").train()
+    Trainer(tiny_lm(), MergedData(UnevenData(per_document)), cfg(**settings), tmp_path / "one").train()
+    for a, b in zip(read_metrics(tmp_path / "accumulated" / "metrics.jsonl"),
+                    read_metrics(tmp_path / "one" / "metrics.jsonl")):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+
+
 def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_numbers(tmp_path, monkeypatch):
     """`activation_checkpointing=True`: every token mixer and feed-forward, and Block AttnRes's depth mixing, run
     through `torch.utils.checkpoint` in every forward, and on the CPU the run's losses, gradient norms, max logits,
