@@ -9,7 +9,8 @@ bytes / 4 plus the vision tokens the default image and video processors give), a
 Row length: training skips a chat longer than a packed row (`seq_len`, a chat is placed whole). The check flags a
 chat whose token count (exact with a processor, else the estimate) exceeds `seq_len`; without one it uses
 `DEFAULT_SEQ_LEN`, the longest row of the presets, so that only chats no preset can train on are flagged (a run
-with a shorter `--seq-len` may still skip longer chats than that: pass its `seq_len` to check them).
+with a shorter `--seq-len` may still skip longer chats than that: pass its `seq_len` to check them). An image or a
+video chunk longer than a row (with its framing tokens) is flagged too, in any document or chat: training skips it.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..vision import MoonViTImageProcessor, MoonViTVideoProcessor
 from ..vision.media import load_video
 from .encode import encode_chat, encode_document, encode_prompt
 from .formats import Record, error_reason, get_format, parse_record
-from .mixture import chat_too_long
+from .mixture import chat_too_long, check_media_blocks, media_block_too_long
 from .sources import Source, open_source
 
 DEFAULT_SEQ_LEN = 4096
@@ -47,9 +48,11 @@ class SourceReport:
     bad: list[tuple[str, Any, str]] = field(default_factory=list)  # (file, row, reason); row None: the whole source
 
 
-def _estimate_tokens(record: Record, loaded: Any, image_processor: Any, video_processor: Any) -> int:
-    """Text bytes / 4 plus the vision tokens of the record's media under the default processors."""
-    tokens = len(record.text().encode("utf-8")) // 4
+def _estimate_tokens(record: Record, loaded: Any, image_processor: Any, video_processor: Any
+                     ) -> tuple[int, list[tuple[str, int]]]:
+    """Text bytes / 4 plus the vision tokens of the record's media under the default processors; and each media
+    block's `(kind, vision tokens)` (an image, or one chunk of a video)."""
+    tokens, blocks = len(record.text().encode("utf-8")) // 4, []
     media = ([s.value for s in loaded if hasattr(s, "kind")] if record.kind == "document" else
              [p[p["type"]] for m in (loaded if record.kind == "chat" else loaded.messages) for p in m["content"]
               if p["type"] in ("image", "video")])
@@ -57,18 +60,21 @@ def _estimate_tokens(record: Record, loaded: Any, image_processor: Any, video_pr
         if hasattr(value, "size") and hasattr(value, "mode"):  # a PIL image
             w, h = value.size
             tokens += image_processor.get_num_image_tokens(h, w)
+            blocks.append(("image", image_processor.get_num_image_tokens(h, w)))
         else:
             frames = (load_video(value, fps=video_processor.fps).frames if isinstance(value, str)
                       else np.asarray(value))
             tokens += video_processor.get_num_video_tokens(frames.shape[0], frames.shape[1], frames.shape[2])
-    return tokens
+            blocks.append(("video chunk", video_processor.get_num_video_tokens(1, frames.shape[1], frames.shape[2])))
+    return tokens, blocks
 
 
-def _encoded_tokens(record: Record, loaded: Any, processor: Any) -> int:
+def _encoded_tokens(record: Record, loaded: Any, processor: Any, seq_len: int) -> int:
+    """The record's tokens as training encodes it; a media block longer than a row is a bad record, as in training."""
     if record.kind == "document":
-        return len(encode_document(loaded, processor))
+        return len(check_media_blocks(encode_document(loaded, processor), seq_len))
     if record.kind == "chat":
-        return len(encode_chat(loaded, processor))
+        return len(check_media_blocks(encode_chat(loaded, processor), seq_len))
     return len(encode_prompt(loaded, processor)[0])
 
 
@@ -89,8 +95,13 @@ def check_source(source: Source, *, fmt: str = "auto", reward: str | None = None
             record = parse_record(row, forced or (get_format(reader.format_hint) if reader.format_hint else None),
                                   base, reward=reward)
             loaded = record.loaded()
-            tokens = (_encoded_tokens(record, loaded, processor) if processor is not None
-                      else _estimate_tokens(record, loaded, image_processor, video_processor))
+            if processor is not None:
+                tokens = _encoded_tokens(record, loaded, processor, seq_len)
+            else:
+                tokens, blocks = _estimate_tokens(record, loaded, image_processor, video_processor)
+                if record.kind != "prompt" and (why := next(filter(None, (
+                        media_block_too_long(n, seq_len, kind) for kind, n in blocks)), None)):
+                    raise BadRecordError(why)
             if record.kind == "chat" and (why := chat_too_long(tokens, seq_len, estimated=processor is None)):
                 raise BadRecordError(why)
         except (ConfigError, DataError) as exc:

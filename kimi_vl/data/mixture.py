@@ -315,16 +315,22 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------- documents
-def _check_rows(doc: Document, seq_len: int) -> Document:
+def media_block_too_long(tokens: int, seq_len: int, kind: str) -> str | None:
+    """Why an image or video chunk (`kind`) of `tokens` vision tokens cannot be trained on in rows of `seq_len`
+    tokens (None when it fits with its 4 framing tokens): a media block is never cut between rows."""
+    if tokens + 4 <= seq_len:
+        return None
+    return (f"an {kind} of {tokens} vision tokens does not fit in a row of seq_len={seq_len}; raise seq_len or lower "
+            "the processor's max_patches")
+
+
+def check_media_blocks(doc: Document, seq_len: int) -> Document:
     """A bad-record error when one of the document's media blocks is longer than a row."""
-    for key in ("image_grid_thw", "video_grid_thw"):
+    for key, kind in (("image_grid_thw", "image"), ("video_grid_thw", "video chunk")):
         grid = doc.media.get(key)
         if grid is not None and len(grid):
-            tokens = int((grid[:, 1] * grid[:, 2]).max()) // 4
-            if tokens + 4 > seq_len:
-                raise BadRecordError(f"an {'image' if key == 'image_grid_thw' else 'video chunk'} of {tokens} vision "
-                                     f"tokens does not fit in a row of seq_len={seq_len}; raise seq_len or lower the "
-                                     "processor's max_patches")
+            if (reason := media_block_too_long(int((grid[:, 1] * grid[:, 2]).max()) // 4, seq_len, kind)):
+                raise BadRecordError(reason)
     return doc
 
 
@@ -350,7 +356,7 @@ def encode_record(record: Record, processor: Any, seq_len: int) -> Document:
             raise BadRecordError(reason)
     else:
         raise BadRecordError(f"a {record.kind} record cannot be packed for training")
-    return _check_rows(doc, seq_len)
+    return check_media_blocks(doc, seq_len)
 
 
 def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int, seed: int,
@@ -415,4 +421,5 @@ class PromptStream:
 
 
 __all__ = ["CALIBRATION_BATCHES", "EMBEDDED", "KNOWN_BAD_LIMIT", "Group", "Mixture", "PromptStream", "Shuffle",
-           "chat_too_long", "encode_record", "fingerprint_changes", "mixture_stream"]
+           "chat_too_long", "check_media_blocks", "encode_record", "fingerprint_changes", "media_block_too_long",
+           "mixture_stream"]

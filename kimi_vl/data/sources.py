@@ -342,7 +342,7 @@ class TarShard:
 
 # --------------------------------------------------------------------------------------------------------- text files
 class TextFile:
-    """A `.txt` file: one document."""
+    """A `.txt` file: one document (UTF-8; a leading byte order mark is not part of the text)."""
 
     format_hint = "plain"
 
@@ -354,7 +354,7 @@ class TextFile:
 
     def read(self, i: int) -> dict[str, str]:
         try:
-            return {"text": self.path.read_text(encoding="utf-8")}
+            return {"text": self.path.read_text(encoding="utf-8-sig")}
         except UnicodeDecodeError as exc:
             raise BadRecordError(f"not UTF-8 text ({exc})") from exc
 

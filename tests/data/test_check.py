@@ -94,3 +94,24 @@ def test_an_empty_source_is_a_problem(tmp_path, capsys):
                                  f"{tmp_path / 'blank.jsonl'}.")
     assert "All records are good" not in out
     assert f"| {tmp_path / 'empty.jsonl'} | - | 0 | 0 |" in out  # no record, so no bad record either
+
+
+def test_check_flags_an_image_longer_than_a_row(tmp_path, proc):
+    """Training skips a document whose image (or video chunk) is longer than a row, as a media block is never cut:
+    the check lists it, by the default processors' estimate and exactly with a processor."""
+    import json
+
+    from tests.data.userdata import image
+
+    image(0, w=448, h=448).save(tmp_path / "big.png")  # 64 tokens at proc's 256 patches, 256 at the default 1024
+    image(1).save(tmp_path / "small.png")  # 12 tokens either way
+    path = tmp_path / "docs.jsonl"
+    path.write_text("".join(json.dumps({"text": f"A picture: <image>. {'Words. ' * 130}", "images": [name]}) + "\n"
+                            for name in ("big.png", "small.png")))
+    for seq_len, processor, tokens in ((200, None, 256), (60, proc, 64)):  # the small one's text is cut, trained on
+        [report] = check([str(path)], processor=processor, progress=False, seq_len=seq_len)
+        assert report.records == 1 and report.tokens > seq_len and [(row, reason) for _, row, reason in report.bad] == [
+            (1, f"an image of {tokens} vision tokens does not fit in a row of seq_len={seq_len}; raise seq_len or "
+                "lower the processor's max_patches")]
+    [report] = check([str(path)], processor=proc, progress=False, seq_len=200)
+    assert report.records == 2 and not report.bad

@@ -132,13 +132,16 @@ def test_sources_weights_folders_and_globs(user_data, tmp_path):
     assert src.where(4) == (str(root / "shards" / "part-00001.tar"), "sample11")
 
 
-def test_a_json_array_with_a_byte_order_mark_is_an_array(user_data, tmp_path):
+def test_files_with_a_byte_order_mark_are_read_without_it(user_data, tmp_path):
     """A LLaVA JSON array saved with a UTF-8 byte order mark (Windows editors, PowerShell) is read as an array, not
     as JSON lines that are each malformed."""
     bom = tmp_path / "llava.json"
     bom.write_text(user_data["llava.json"].read_text(), encoding="utf-8-sig")
     src = open_source(str(bom))
     assert len(src) == 9 and src.read(8)[0]["id"] == "text-only" and src.where(8) == (str(bom), 8)
+    note = tmp_path / "note.txt"  # and a .txt file's text does not start with U+FEFF
+    note.write_text("Plain words.", encoding="utf-8-sig")
+    assert open_source(str(note)).read(0)[0] == {"text": "Plain words."}
 
 
 def test_paths_named_like_weights_or_globs_are_read_as_named(user_data, tmp_path):
