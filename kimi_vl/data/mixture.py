@@ -26,6 +26,7 @@ skipped).
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import random
 from collections import Counter
@@ -282,15 +283,37 @@ class Mixture:
 EMBEDDED = "embedded (standard library corpus + synthetic world)"
 
 
+def _content(source: dict[str, Any]) -> list[str]:
+    """What a fingerprinted source holds, whatever its path: its files' sizes and hashes (hub datasets: name, rows)."""
+    return sorted(json.dumps({k: v for k, v in f.items() if k != "path"} if "sha1_ends" in f else f, sort_keys=True)
+                  for f in source.get("files", []))
+
+
 def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
-    """What differs between two data fingerprints, one line per difference (empty: the same data)."""
+    """What differs between two data fingerprints, one line per difference (empty: the same data). The sources'
+    names (the paths as given) and order count: each source's read order is keyed by its name, and draws pick sources
+    by their order; a source given under another path with the same files is named as such."""
     def describe(fp: dict[str, Any]) -> dict[str, Any]:
         return {s["name"]: s for s in fp.get("sources", [])} if fp.get("sources") else {EMBEDDED: {}}
 
     before, after = describe(old), describe(new)
-    lines = [f"source {n} was removed" for n in before if n not in after]
-    lines += [f"source {n} was added" for n in after if n not in before]
-    for name in [n for n in after if n in before]:
+    removed = [n for n in before if n not in after]
+    added = [n for n in after if n not in before]
+    lines = []
+    for name in removed:
+        same = next((n for n in added if before[name].get("files") and _content(after[n]) == _content(before[name])),
+                    None)
+        if same is None:
+            lines.append(f"source {name} was removed")
+            continue
+        added.remove(same)
+        lines.append(f"source {name} is given as {same}, the same files (each source's read order is keyed by the "
+                     f"path as given: give it as {name} to resume exactly)")
+    lines += [f"source {n} was added" for n in added]
+    kept = [n for n in before if n in after]
+    if kept != [n for n in after if n in before]:
+        lines.append(f"the sources are in another order ({', '.join(kept)} before; draws pick sources by their order)")
+    for name in kept:
         a, b = before[name], after[name]
         if a.get("weight") != b.get("weight"):
             lines.append(f"source {name}: weight {a.get('weight')} -> {b.get('weight')}")

@@ -170,6 +170,18 @@ def test_tokenizer_texts_and_fingerprints(tmp_path):
         f.write(json.dumps({"text": "one more"}) + "\n")
     grown = mixture(str(data["docs.jsonl"]), str(data["llava.json"])).fingerprint()
     assert any("docs.jsonl: size" in line for line in fingerprint_changes(old, grown))
+    old = mixture(str(data["docs.jsonl"]), str(data["llava.json"])).fingerprint()
+    # draws pick sources by their order: another order is other data
+    assert fingerprint_changes(old, mixture(str(data["llava.json"]), str(data["docs.jsonl"])).fingerprint()) == [
+        f"the sources are in another order ({data['docs.jsonl']}, {data['llava.json']} before; draws pick sources "
+        "by their order)"]
+    # the same file under another path (a relative path given absolute, a moved folder) is named as such
+    moved = tmp_path / "elsewhere" / "llava.json"
+    moved.parent.mkdir()
+    moved.write_bytes(data["llava.json"].read_bytes())
+    assert fingerprint_changes(old, mixture(str(data["docs.jsonl"]), str(moved)).fingerprint()) == [
+        f"source {data['llava.json']} is given as {moved}, the same files (each source's read order is keyed by the "
+        f"path as given: give it as {data['llava.json']} to resume exactly)"]
     embedded = {"sources": [], "format": "auto", "reward": None, "seed": 0}
     assert "source embedded (standard library corpus + synthetic world) was removed" in fingerprint_changes(
         embedded, old)
