@@ -20,7 +20,7 @@ def _convert(args: argparse.Namespace) -> None:
     from .convert import convert_kimi_linear
 
     overrides = {"residual": args.residual} if args.residual else {}
-    out = convert_kimi_linear(args.src, args.dst, **overrides)
+    out = convert_kimi_linear(args.src, args.dst, overwrite=args.overwrite, **overrides)
     print(f"wrote {out}")
 
 
@@ -35,7 +35,7 @@ def _convert_released(args: argparse.Namespace) -> None:
 def _convert_vision(args: argparse.Namespace) -> None:
     from .convert import convert_kimi_k25_vision
 
-    print(f"wrote {convert_kimi_k25_vision(args.src, args.dst)}")
+    print(f"wrote {convert_kimi_k25_vision(args.src, args.dst, overwrite=args.overwrite)}")
 
 
 def _export(args: argparse.Namespace) -> None:
@@ -168,14 +168,16 @@ def build_parser() -> argparse.ArgumentParser:
     kinds = convert.add_subparsers(dest="kind", required=True)
     kl = kinds.add_parser("kimi-linear", help="a transformers kimi_linear checkpoint -> kimi_vl_text")
     kl.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
-    kl.add_argument("dst", help="destination directory")
+    kl.add_argument("dst", help="destination directory (written atomically; must not exist or be empty)")
     kl.add_argument("--residual", choices=["standard", "attnres", "block_attnres"], default=None,
                     help="residual stream of the converted model (default: standard, exact parity)")
+    kl.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     kl.set_defaults(func=_convert)
     kv = kinds.add_parser("kimi-k25-vision", help="the MoonViT-3D tower + projector of a transformers kimi_k25 "
                           "checkpoint -> MoonViTModel (+ projector.safetensors)")
     kv.add_argument("src", help="source checkpoint directory (config.json + *.safetensors)")
-    kv.add_argument("dst", help="destination directory")
+    kv.add_argument("dst", help="destination directory (written atomically; must not exist or be empty)")
+    kv.add_argument("--overwrite", action="store_true", help="replace an existing destination")
     kv.set_defaults(func=_convert_vision)
     released = {
         "kimi-k25": "a whole transformers kimi_k25 vision-language model (Kimi K2.5 / K2.6: MoonViT-3D + DeepSeek-V3 "

@@ -25,9 +25,7 @@ import math
 import re
 import shutil
 import struct
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -47,6 +45,7 @@ from .vision.convert import (
     load_config_json,
     read_source_config,
     rope_deinterleave,
+    staged_directory,
 )
 
 if TYPE_CHECKING:
@@ -220,13 +219,16 @@ def _check_against_model(plan: dict, cfg: KimiTextConfig) -> None:
 
 
 def convert_kimi_linear(
-    src_dir: str | Path, dst_dir: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES, **config_overrides
+    src_dir: str | Path, dst_dir: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES, overwrite: bool = False,
+    **config_overrides
 ) -> Path:
     """Convert a transformers `kimi_linear` checkpoint directory into a `kimi_vl_text` one.
 
     `config_overrides` set fields of the new `KimiTextConfig` (e.g. `residual="block_attnres"`,
-    `router_biased_weights=True` to reproduce the released remote code's router exactly).
-    Returns the destination directory.
+    `router_biased_weights=True` to reproduce the released remote code's router exactly). Each output shard is
+    written as soon as it is full (memory: about one shard), into a temporary sibling of `dst_dir` renamed into
+    place (`staged_directory`): an existing non-empty `dst_dir` is refused unless `overwrite` (then replaced whole,
+    never mixing two checkpoints' files). Returns the destination directory.
     """
     src, dst = Path(src_dir), Path(dst_dir)
     raw = load_config_json(src, ("kimi_linear",), "convert_kimi_linear", CONVERTERS)
@@ -235,39 +237,46 @@ def convert_kimi_linear(
     plan = _plan(source.keys(), cfg)
     _check_against_model(plan, cfg)
 
-    dst.mkdir(parents=True, exist_ok=True)
-    shards: list[dict[str, torch.Tensor]] = [{}]
-    size = 0
-    for key in progress_bar(sorted(plan), desc="converting", unit="tensor"):
-        t = plan[key](source)
-        if size and size + t.numel() * t.element_size() > max_shard_bytes:
-            shards.append({})
-            size = 0
-        shards[-1][key] = t
-        size += t.numel() * t.element_size()
-    _write_shards(shards, dst)
-    cfg.architectures = ["KimiTextForCausalLM"]
-    cfg.save_pretrained(dst)
-    for name in TOKENIZER_FILES:
-        if (src / name).is_file():
-            shutil.copy2(src / name, dst / name)
+    with staged_directory(dst, overwrite) as tmp:
+        shards: list[list[str]] = []  # the keys of each shard written
+        shard: dict[str, torch.Tensor] = {}
+        size = total = 0
+
+        def flush() -> None:
+            save_file(shard, str(tmp / f"shard-{len(shards)}.safetensors"), metadata={"format": "pt"})
+            shards.append(sorted(shard))
+            shard.clear()
+
+        for key in progress_bar(sorted(plan), desc="converting", unit="tensor"):
+            t = plan[key](source)
+            nbytes = t.numel() * t.element_size()
+            if size and size + nbytes > max_shard_bytes:
+                flush()
+                size = 0
+            shard[key] = t
+            size += nbytes
+            total += nbytes
+        flush()
+        _name_shards(shards, tmp, total)
+        cfg.architectures = ["KimiTextForCausalLM"]
+        cfg.save_pretrained(tmp)
+        _copy_tokenizer_files(src, tmp)
     return dst
 
 
-def _write_shards(shards: list[dict[str, torch.Tensor]], dst: Path) -> None:
-    meta = {"format": "pt"}
+def _name_shards(shards: list[list[str]], folder: Path, total_size: int) -> None:
+    """Rename the `shard-{i}.safetensors` in `folder` (`shards[i]`: its keys) to `model.safetensors`, or to
+    `model-0000i-of-0000n.safetensors` with a `model.safetensors.index.json` (`total_size`: the tensors' bytes)."""
     if len(shards) == 1:
-        save_file(shards[0], str(dst / "model.safetensors"), metadata=meta)
+        (folder / "shard-0.safetensors").rename(folder / "model.safetensors")
         return
-    weight_map, total = {}, 0
-    for i, shard in enumerate(shards):
+    weight_map = {}
+    for i, keys in enumerate(shards):
         name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-        save_file(shard, str(dst / name), metadata=meta)
-        for key, t in shard.items():
-            weight_map[key] = name
-            total += t.numel() * t.element_size()
-    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
-    (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+        (folder / f"shard-{i}.safetensors").rename(folder / name)
+        weight_map.update(dict.fromkeys(keys, name))
+    index = {"metadata": {"total_size": total_size}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
 
 
 def assemble_kimi_vl(
@@ -381,30 +390,6 @@ def write_streamed_shards(specs: dict[str, TensorSpec], dst: Path, max_shard_byt
         weight_map = {key: name for name, keys in zip(names, shards) for key in keys}
         index = {"metadata": {"total_size": sum(s.nbytes for s in specs.values())}, "weight_map": weight_map}
         (dst / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-
-
-@contextmanager
-def staged_directory(dst: Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a fresh temporary sibling of `dst`; on success it replaces `dst` (rename), on failure it is removed, so
-    `dst` never holds a partial result. An existing non-empty `dst` is refused unless `overwrite`."""
-    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
-        raise CheckpointError(f"{dst} already exists and is not empty; remove it, choose another destination, or pass "
-                              "overwrite=True (--overwrite).")
-    dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
-    try:
-        yield tmp
-        if dst.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
-            old.rmdir()
-            dst.rename(old)
-            tmp.rename(dst)
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-        else:
-            tmp.rename(dst)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _check_specs(specs: dict[str, TensorSpec], model_cls, config, src: Path, tied: str | None) -> None:

@@ -43,9 +43,10 @@ def _architecture(config: dict[str, Any], parameters: int) -> str:
         moe = "dense feed-forward"
     residual = {"standard": "the standard residual", "attnres": "full Attention Residuals",
                 "block_attnres": "Block Attention Residuals"}.get(text.get("residual"), text.get("residual"))
+    backbone = "Kimi-Linear" if "kda" in layers else "DeepSeek-V3-style (Kimi K2)"  # e.g. a converted Kimi K2.5
     return (f"A Kimi-style early-fusion vision-language model of {parameters:,} weights: a MoonViT-3D "
             f"native-resolution encoder ({vision['num_hidden_layers']} layers, hidden size {vision['hidden_size']}, "
-            f"{vision['patch_size']}-pixel patches, images and videos) feeding one Kimi-Linear backbone "
+            f"{vision['patch_size']}-pixel patches, images and videos) feeding one {backbone} backbone "
             f"({text['num_hidden_layers']} layers: {mixers}; hidden size {text['hidden_size']}; {moe}; {residual}; "
             f"vocabulary {text['vocab_size']:,}).")
 
@@ -96,9 +97,10 @@ def model_card(model_dir: str | Path, *, name: str | None = None, repository: st
         raise CheckpointError(f"{path / 'config.json'} is missing or not JSON ({exc}); save the model first.") from exc
     if config.get("model_type") != "kimi_vl":
         raise CheckpointError(f"{path} holds a {config.get('model_type')!r} model, not 'kimi_vl'.")
+    linear = "kda" in (config["text_config"].get("layer_types") or [])
     sections = [
-        "---\nlibrary_name: transformers\npipeline_tag: image-text-to-text\ntags:\n- kimi-vl\n- kimi-linear\n"
-        "- moonvit\n- custom_code\n---",
+        "---\nlibrary_name: transformers\npipeline_tag: image-text-to-text\ntags:\n- kimi-vl\n"
+        + ("- kimi-linear\n" if linear else "") + "- moonvit\n- custom_code\n---",
         f"# {name or path.resolve().name}",
         _architecture(config, parameter_count(path)) + f" Published with kimi-vl {__version__}.",
         "## Use\n\n" + _usage(repository),

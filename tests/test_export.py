@@ -355,6 +355,24 @@ def test_export_writes_a_model_card_whose_code_runs(checkpoint, tmp_path, capsys
     assert capsys.readouterr().out.count("\n") == 1  # the reply
 
 
+
+def test_model_card_of_a_rope_mla_model_does_not_call_it_kimi_linear(tmp_path):
+    """A converted Kimi K2.5 (every layer RoPE-MLA, no KDA) is a DeepSeek-V3-style backbone, not a Kimi-Linear one."""
+    from kimi_vl.model_card import model_card
+
+    proc = tiny_processor()
+    text = KimiTextConfig(vocab_size=len(proc.tokenizer), hidden_size=32, intermediate_size=48, moe_intermediate_size=16,
+                          num_hidden_layers=2, layer_types=["mla_rope"] * 2, num_attention_heads=2, kv_lora_rank=12,
+                          qk_rope_head_dim=4, qk_nope_head_dim=8, v_head_dim=8, num_experts=4, num_experts_per_tok=2)
+    vision = MoonViTConfig(hidden_size=24, num_attention_heads=2, num_hidden_layers=1, intermediate_size=32,
+                           pos_emb_height=8, pos_emb_width=8)
+    KimiVLForConditionalGeneration(KimiVLConfig(vision_config=vision, text_config=text, image_token_id=proc.image_token_id,
+                                                video_token_id=proc.video_token_id)).save_pretrained(tmp_path)
+    card = model_card(tmp_path)
+    assert "feeding one DeepSeek-V3-style (Kimi K2) backbone (2 layers: 2 RoPE-MLA;" in card
+    assert "Kimi-Linear" not in card and "kimi-linear" not in card.split("---")[1]
+
+
 # --- save / load round trip --------------------------------------------------------------------------------------------
 def test_save_load_round_trip_in_fresh_process(checkpoint, tmp_path):
     body = """

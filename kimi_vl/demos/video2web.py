@@ -76,6 +76,8 @@ DEFAULT_MAX_VIDEO_TOKENS = 2048
 RENDER_HEIGHT_FACTOR = 8
 MAX_RENDER_HEIGHT = 8192
 HTML_END = "</html>"
+RENDER_FILES = ("render.png", "compare.png", "score.json")
+"""What `render=True` writes beside `site.html` (removed first when a run writes a new page into the folder)."""
 
 
 @dataclass
@@ -419,10 +421,16 @@ def run_video2web(
     """Video -> `site.html` (and with `render=True` `render.png`, `compare.png`, `score.json`) in `out_dir`.
 
     See the module docstring for the steps. `model` / `processor` may be passed already loaded (then `model_dir`
-    is not read). Raises `KimiVLError` subclasses: `CheckpointError` (model directory), `ConfigError` (model without
-    vision, bad settings), `InvalidMediaError` (video), `BrowserNotFoundError` / `BrowserError` (rendering).
+    is not read). With `render=True` the browser is looked for first, before the model is loaded. An earlier run's
+    `RENDER_FILES` in `out_dir` are removed when the new `site.html` is written. Raises `KimiVLError` subclasses:
+    `CheckpointError` (model directory), `ConfigError` (model without vision, bad settings), `InvalidMediaError`
+    (video), `BrowserNotFoundError` / `BrowserError` (rendering).
     """
     video_path = Path(video)
+    if render:  # before the model is loaded and generates: a missing browser fails in seconds, not after a reply
+        from .render import find_chromium
+
+        find_chromium(browser)
     if model is None or processor is None:
         model, processor = load_model(model_dir, device=device)
     clip = read_video(video_path, processor, fps=fps, num_frames=num_frames, max_frames=max_frames,
@@ -432,6 +440,8 @@ def run_video2web(
     )
     document = repair_html(reply)
     out = make_output_dir(out_dir, "-o")
+    for name in RENDER_FILES:  # an earlier run's render and score would sit beside this page as if they were its own
+        (out / name).unlink(missing_ok=True)
     site = out / "site.html"
     site.write_text(document, encoding="utf-8", newline="")
     (out / "reply.txt").write_text(reply, encoding="utf-8", newline="")

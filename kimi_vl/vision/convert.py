@@ -16,7 +16,10 @@ source has a projector, `projector.safetensors` (load it with `MoonViTProjector.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -128,13 +131,40 @@ def map_vision_key(key: str) -> tuple[str, str | None] | None:
     return None
 
 
-def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
+@contextmanager
+def staged_directory(dst: Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a fresh temporary sibling of `dst`; on success it replaces `dst` (rename), on failure it is removed, so
+    `dst` never holds a partial result. An existing non-empty `dst` is refused unless `overwrite`."""
+    if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
+        raise CheckpointError(f"{dst} already exists and is not empty; remove it, choose another destination, or pass "
+                              "overwrite=True (--overwrite).")
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dst.name}.partial-", dir=dst.parent))
+    try:
+        yield tmp
+        if dst.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{dst.name}.old-", dir=dst.parent))
+            old.rmdir()
+            dst.rename(old)
+            tmp.rename(dst)
+            shutil.rmtree(old) if old.is_dir() else old.unlink()
+        else:
+            tmp.rename(dst)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path, *, overwrite: bool = False) -> Path:
     """Convert a transformers `kimi_k25` (or `kimi_k25_vision`) checkpoint into a MoonViT directory.
 
     Args:
         src_dir: directory with `config.json` and `*.safetensors` (sharded or not).
-        dst_dir: output directory (created); `MoonViTModel.from_pretrained(dst_dir)` loads it, and
-            `MoonViTProjector.from_pretrained(dst_dir)` loads the projector when the source has one.
+        dst_dir: output directory, written atomically (`staged_directory`): it must not exist or be empty unless
+            `overwrite` (then replaced whole: no projector of an earlier conversion stays beside a tower without
+            one); `MoonViTModel.from_pretrained(dst_dir)` loads it, and `MoonViTProjector.from_pretrained(dst_dir)`
+            loads the projector when the source has one.
+        overwrite: replace an existing non-empty `dst_dir`.
 
     Returns:
         `dst_dir` as a `Path`.
@@ -163,13 +193,14 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path) -> Path:
                                   f"{PROJECTOR_PREFIXES}).")
         check_complete(lambda c: MoonViTProjector.from_config(c), config, projector, src, "projector")
 
-    dst.mkdir(parents=True, exist_ok=True)
     config.architectures = [MoonViTModel.__name__]
-    config.save_pretrained(dst)
-    save_file({k: v.contiguous() for k, v in vision.items()}, str(dst / "model.safetensors"), metadata={"format": "pt"})
-    if projector:
-        save_file({k: v.contiguous() for k, v in projector.items()}, str(dst / PROJECTOR_WEIGHTS),
+    with staged_directory(dst, overwrite) as tmp:
+        config.save_pretrained(tmp)
+        save_file({k: v.contiguous() for k, v in vision.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})
+        if projector:
+            save_file({k: v.contiguous() for k, v in projector.items()}, str(tmp / PROJECTOR_WEIGHTS),
+                      metadata={"format": "pt"})
     return dst
 
 

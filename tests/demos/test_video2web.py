@@ -268,3 +268,32 @@ def test_device_output_folder_and_model_file_errors(model_dir, loaded, cast, tmp
     with pytest.raises(ConfigError, match=r"^-o \S*afile is a file, not a directory"):
         run_video2web(video, None, afile, max_new_tokens=2, model=model, processor=processor)
     assert afile.read_text() == "x" and not (tmp_path / "out").exists()
+
+
+def test_render_without_a_browser_fails_before_generating(loaded, cast, tmp_path, monkeypatch):
+    """`--render` without Chromium stops before the model generates (a real model's reply takes minutes)."""
+    import kimi_vl.demos.video2web as v2w
+    from kimi_vl.demos.render import BrowserNotFoundError
+
+    _, video = cast
+    model, processor = loaded
+    monkeypatch.setattr(v2w, "generate_html", lambda *a, **k: pytest.fail("generated before the browser check"))
+    with pytest.raises(BrowserNotFoundError, match="is not an executable"):
+        run_video2web(video, None, tmp_path / "out", render=True, browser=str(tmp_path / "no-chromium"),
+                      model=model, processor=processor)
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_new_page_never_sits_beside_an_earlier_runs_render_and_score(loaded, cast, tmp_path):
+    """Rerunning into a folder without `render` (or with a render that fails) leaves no render.png, compare.png or
+    score.json of another page or video beside the new site.html."""
+    _, video = cast
+    model, processor = loaded
+    out = tmp_path / "out"
+    out.mkdir()
+    for name in ("render.png", "compare.png", "score.json"):
+        (out / name).write_text("an earlier run's")
+    (out / "notes.txt").write_text("mine")
+    result = run_video2web(video, None, out, max_new_tokens=4, model=model, processor=processor)
+    assert result.score is None
+    assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "reply.txt", "site.html"]

@@ -142,3 +142,60 @@ def test_converted_checkpoint_with_zero_query_attnres_matches_transformers(tmp_p
         ref = hf.eval()(ids, attention_mask=mask).logits
         got = ours(ids, attention_mask=mask).logits
     assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
+
+
+def test_convert_writes_each_shard_when_full(tmp_path, monkeypatch):
+    """Memory: a shard is written as soon as it is full, so the tensors read and not yet written never exceed about
+    one shard (the model of a 48B checkpoint never sits in memory at once)."""
+    import kimi_vl.convert as convert
+
+    hf = _hf_model("hybrid")
+    hf.save_pretrained(tmp_path / "hf")
+    held = {"read": 0, "written": 0, "peak": 0}
+    get, save = convert._Source.get, convert.save_file
+
+    def counting_get(self, key):
+        t = get(self, key)
+        held["read"] += t.numel() * t.element_size()
+        held["peak"] = max(held["peak"], held["read"] - held["written"])
+        return t
+
+    def counting_save(tensors, *args, **kwargs):
+        held["written"] += sum(t.numel() * t.element_size() for t in tensors.values())
+        return save(tensors, *args, **kwargs)
+
+    monkeypatch.setattr(convert._Source, "get", counting_get)
+    monkeypatch.setattr(convert, "save_file", counting_save)
+    shard = 50_000
+    convert_kimi_linear(tmp_path / "hf", tmp_path / "ours", max_shard_bytes=shard)
+    largest = max(p.numel() * p.element_size() for p in hf.state_dict().values())
+    assert held["written"] > 5 * shard and held["peak"] <= shard + 2 * largest
+    ours = KimiTextForCausalLM.from_pretrained(tmp_path / "ours").eval()
+    ids, mask = _padded_batch()
+    with torch.no_grad():
+        ref, got = hf(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
+
+
+def test_convert_into_an_existing_folder_needs_overwrite_and_never_mixes_checkpoints(tmp_path, capsys):
+    """A second conversion into a folder refuses to write over it, and with `overwrite` replaces it whole: an old
+    `model.safetensors` beside new shards and their index would load the old weights."""
+    from kimi_vl.cli import main
+
+    first, second = _hf_model("hybrid", seed=0), _hf_model("hybrid", seed=1)
+    first.save_pretrained(tmp_path / "first")
+    second.save_pretrained(tmp_path / "second")
+    dst = tmp_path / "ours"
+    convert_kimi_linear(tmp_path / "first", dst)  # one file: model.safetensors
+    with pytest.raises(CheckpointError, match="already exists and is not empty"):
+        convert_kimi_linear(tmp_path / "second", dst, max_shard_bytes=100_000)
+    assert sorted(p.name for p in dst.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert main(["convert", "kimi-linear", str(tmp_path / "second"), str(dst), "--overwrite"]) in (None, 0)
+    convert_kimi_linear(tmp_path / "second", dst, max_shard_bytes=100_000, overwrite=True)  # sharded now
+    assert not (dst / "model.safetensors").exists() and (dst / "model.safetensors.index.json").is_file()
+    assert not list(tmp_path.glob(".ours.*"))  # no temporary folders left
+    ours = KimiTextForCausalLM.from_pretrained(dst).eval()
+    ids, mask = _padded_batch()
+    with torch.no_grad():
+        ref, got = second.eval()(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
+    assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4

@@ -167,6 +167,28 @@ def test_parity_from_bare_vision_model(tmp_path):
         MoonViTProjector.from_pretrained(dst)
 
 
+
+def test_converting_into_an_existing_folder_needs_overwrite_and_leaves_no_stale_projector(full, tmp_path):
+    """A bare tower converted over a whole model's conversion: refused, then with `overwrite` replaced whole (the
+    earlier projector.safetensors does not stay beside a tower it was not trained with)."""
+    from kimi_vl.cli import main
+
+    _, src, _, _ = full
+    bare = hf_model.Kimi_K25VisionModel(hf_config.Kimi_K25VisionConfig(**VISION)).eval()
+    bare.save_pretrained(tmp_path / "bare")
+    dst = convert_kimi_k25_vision(src, tmp_path / "dst")
+    assert (dst / "projector.safetensors").is_file()
+    with pytest.raises(CheckpointError, match="already exists and is not empty"):
+        convert_kimi_k25_vision(tmp_path / "bare", dst)
+    assert (dst / "projector.safetensors").is_file()  # untouched
+    assert main(["convert", "kimi-k25-vision", str(tmp_path / "bare"), str(dst), "--overwrite"]) in (None, 0)
+    assert not (dst / "projector.safetensors").exists()
+    with pytest.raises(CheckpointError, match="no projector"):
+        MoonViTProjector.from_pretrained(dst)
+    fresh = MoonViTModel.from_pretrained(convert_kimi_k25_vision(tmp_path / "bare", tmp_path / "fresh")).state_dict()
+    assert all(torch.equal(t, fresh[k]) for k, t in MoonViTModel.from_pretrained(dst).state_dict().items())
+
+
 def test_random_init_save_load_roundtrip(tmp_path):
     config = MoonViTConfig(**VISION)
     model = MoonViTModel(config).eval()
