@@ -559,18 +559,24 @@ class Source:
         files = []
         for r in self.readers:
             if isinstance(r.path, Path):
-                size = r.path.stat().st_size
-                h = hashlib.sha1()
-                with open(r.path, "rb") as f:
-                    h.update(f.read(1 << 20))
-                    if size > 2 << 20:
-                        f.seek(size - (1 << 20))
-                        h.update(f.read())
-                files.append({"path": str(r.path), "size": size, "sha1_ends": h.hexdigest()})
+                files.append({"path": str(r.path), **file_fingerprint(r.path)})
             else:
                 files.append({"path": r.path, "rows": None if isinstance(r, StreamingHubDataset) else len(r)})
         return {"name": self.name, "weight": self.weight, "files": files,
                 "media_root": None if self.media_root is None else str(self.media_root)}
+
+
+def file_fingerprint(path: Path) -> dict[str, Any]:
+    """`{"size", "sha1_ends"}`: a file's size and a SHA-1 of its first and last MiB, which identify its content
+    cheaply (not its modification time: a copy matches)."""
+    size = path.stat().st_size
+    h = hashlib.sha1()
+    with open(path, "rb") as f:
+        h.update(f.read(1 << 20))
+        if size > 2 << 20:
+            f.seek(size - (1 << 20))
+            h.update(f.read())
+    return {"size": size, "sha1_ends": h.hexdigest()}
 
 
 def open_source(spec: str, *, media_root: str | os.PathLike | None = None, streaming: bool = False) -> Source:
@@ -585,5 +591,5 @@ def open_source(spec: str, *, media_root: str | os.PathLike | None = None, strea
 
 
 __all__ = ["DATA_SUFFIXES", "HubDataset", "JsonArrayFile", "JsonlFile", "ParquetFile", "Source",
-           "StreamingHubDataset", "TarShard", "TextFile", "cache_dir", "data_files", "json_array_spans",
-           "jsonl_spans", "open_file", "open_source", "parse_hub_name", "split_weight", "tar_index"]
+           "StreamingHubDataset", "TarShard", "TextFile", "cache_dir", "data_files", "file_fingerprint",
+           "json_array_spans", "jsonl_spans", "open_file", "open_source", "parse_hub_name", "split_weight", "tar_index"]

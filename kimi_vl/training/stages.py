@@ -33,6 +33,7 @@ from transformers import AutoTokenizer
 from ..configuration import KimiVLConfig
 from ..data.config import DataConfig, data_fingerprint, pretrain_data, rl_prompts, sft_data
 from ..data.corpus import tokenizer_texts
+from ..data.sources import file_fingerprint
 from ..data.world import CURRICULUM_TASKS, TEXT_TASKS, VISION_TASKS, make_sample
 from ..errors import CheckpointError, ConfigError, hub_id_hint, read_config_file
 from ..export import add_remote_code
@@ -142,6 +143,18 @@ def _complete_on_every_rank(out_dir: Path) -> bool:
     return done
 
 
+def weights_fingerprint(model_dir: str | Path | None) -> list[dict[str, Any]] | None:
+    """The `file_fingerprint` of each `*.safetensors` of a checkpoint folder, by name (None: no such folder). A
+    stage records its `from` checkpoint's, so a run folder moved or copied elsewhere is still the run it was."""
+    if model_dir is None or not Path(model_dir).is_dir():
+        return None
+    return [{"name": f.name, **file_fingerprint(f)} for f in sorted(Path(model_dir).glob("*.safetensors"))] or None
+
+
+def _same_weights(recorded: list[dict[str, Any]] | None, from_dir: str | Path) -> bool:
+    return recorded is not None and recorded == weights_fingerprint(from_dir)
+
+
 def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None) -> bool:
     """Whether `out_dir` holds a finished run of `cfg` (from `from_dir`), on every rank
     (`_complete_on_every_rank`): then the stage returns it as it is, which makes a rerun (the quickstart's resume)
@@ -161,8 +174,10 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
         changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted(new)
                     if name not in RUN_ONLY_SETTINGS and old.get(name) != new.get(name)]
     if from_dir is not None:  # recorded absolute (runs before that: relative to where they were started)
-        was = (read_summary(out_dir) or {}).get("from")
-        if was is None or Path(was).resolve() != Path(from_dir).resolve():
+        summary = read_summary(out_dir) or {}
+        was = summary.get("from")
+        if not (was is not None and Path(was).resolve() == Path(from_dir).resolve()
+                or _same_weights(summary.get("from_weights") or weights_fingerprint(was), from_dir)):
             changes.append(f"from {was!r} -> {str(from_dir)!r}")
     if changes:
         raise ConfigError(
@@ -279,7 +294,8 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir)
-    return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve())})
+    return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve()),
+                                                    "from_weights": weights_fingerprint(from_dir)})
 
 
 RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")),
@@ -360,6 +376,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
     return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), processor, out_dir, {
         "preset": cfg.preset, "seed": cfg.seed, "from": str(Path(from_dir).resolve()),
+        "from_weights": weights_fingerprint(from_dir),
         "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
         "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None

@@ -5,6 +5,7 @@ CLI."""
 import dataclasses
 import json
 import re
+import shutil
 import warnings
 from pathlib import Path
 
@@ -107,6 +108,16 @@ def test_sft_then_rl_and_rl_resume(pretrained, tmp_path, monkeypatch):
     monkeypatch.chdir(pretrained.parent)  # the same checkpoint named from another folder: the same run
     assert sft(Path("pretrain"), sft_dir, steps=2, progress=False) == sft_dir
     monkeypatch.undo()
+    moved = tmp_path / "moved"  # a run folder copied elsewhere: its `from` has the recorded weights, the same run
+    shutil.copytree(pretrained, moved / "pretrain")
+    shutil.copytree(sft_dir, moved / "sft")
+    assert sft(moved / "pretrain", moved / "sft", steps=2, progress=False) == moved / "sft"
+    summary = read_summary(moved / "sft")
+    del summary["from_weights"]  # written before they were recorded: the weights where `from` was still count
+    (moved / "sft" / "training_summary.json").write_text(json.dumps(summary))
+    assert sft(moved / "pretrain", moved / "sft", steps=2, progress=False) == moved / "sft"
+    with pytest.raises(ConfigError, match=r"other settings \(from '.*pretrain' -> '.*sft'\)"):  # other weights
+        sft(sft_dir, moved / "sft", steps=2, progress=False)
     # the tiny preset makes 2 optimizer steps per rollout batch: 4 steps are 2 batches, the cut falls between them
     assert get_preset("tiny").rl_algorithm.updates_per_batch == 2
     full = rl(sft_dir, tmp_path / "rl_full", steps=4, progress=False, checkpoint_every=1, prompts_per_family=2, k=2,
