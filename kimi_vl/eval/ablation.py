@@ -127,10 +127,22 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
             "delta": mean_ci(deltas),
         }
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "ablation.json").write_text(json.dumps(result, indent=1))
+    (out_dir / "ablation.json").write_text(json.dumps(_strict_json(result), indent=1, allow_nan=False))
     (out_dir / "ablation.md").write_text(ablation_markdown(result))
     plot_ablation(result, out_dir / "ablation.png")
     return result
+
+
+def _strict_json(value: Any) -> Any:
+    """`value` with every NaN (the half-width of a single seed's interval) as None, so that the file is standard
+    JSON that any parser reads."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _strict_json(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(v) for v in value]
+    return value
 
 
 def _pct(mean: float, half: float) -> str:

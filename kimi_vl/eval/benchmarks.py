@@ -85,6 +85,9 @@ class MMLUPro(Benchmark):
     def score(self, prompts: Prompts, responses: dict[str, str], answers: dict[str, Any],
               run: EvalRun) -> dict[str, Any]:
         config = run.config
+        chat = config.mmlu_pro_format == "chat" and run.engine.has_chat_template  # without a template: the raw prompt
+        prompt_format = "chat" if chat or config.mmlu_pro_format == "official" else (
+            "official (chat asked, but the model has no chat template)")
         records = [{**it.row, "model_outputs": responses[it.id], "pred": answers[it.id]} for it in prompts.items]
         write_json(run.out_dir / f"results.{self.name}.json", records)
         result = mp.score(records)
@@ -102,7 +105,7 @@ class MMLUPro(Benchmark):
                               f"{dict(sorted(shots.items()))}")
         if config.num_shots != mp.NUM_SHOTS:
             deviations.append(f"{config.num_shots} shots instead of {mp.NUM_SHOTS}")
-        if config.mmlu_pro_format == "chat":
+        if chat:
             deviations.append("the official raw prompt was sent as one user turn through the chat template")
         if config.limit is not None and not self.proxy:
             deviations.append(f"--limit {config.limit}: a subset (round-robin over categories), not the full test "
@@ -115,7 +118,7 @@ class MMLUPro(Benchmark):
             "categories": result["categories"],
             "category_label": "category",
             "settings": {
-                "source": prompts.info["source"], "shots": config.num_shots, "format": config.mmlu_pro_format,
+                "source": prompts.info["source"], "shots": config.num_shots, "format": prompt_format,
                 "max_new_tokens": prompts.max_new_tokens, "max_model_length": prompts.info["max_model_length"],
                 "extraction": "official 3-level chain", "decoding": "greedy",
             },
@@ -234,6 +237,9 @@ class MathVista(Benchmark):
             deviations.append(f"the official GPT extractor is replaced by {extractor} with the official demo "
                               f"prompt (greedy, at most {EXTRACTOR_MAX_NEW_TOKENS} new tokens, first line of its "
                               "answer)")
+        if config.quick_extract:
+            deviations.append('the official --quick_extract rule (The answer is "...".) is on, as an option the '
+                              "official script offers (its default: off)")
         if not engine.supports_images:
             deviations.append("the model has no image input: it was given the query text only")
         if config.mathvista_format == "raw" or not engine.has_chat_template:

@@ -46,7 +46,8 @@ class EvalConfig:
         max_model_length: MMLU-Pro context length of the shot budget (the model's max_position_embeddings when
             smaller).
         mmlu_pro_format: official (raw completion prompt) or chat (the same prompt as one user turn).
-        mathvista_format: chat (query and image as a user turn through the chat template) or raw.
+        mathvista_format: chat (query and image as a user turn through the chat template) or raw (the image's
+            placeholder, then the query, as a raw prompt).
         mathvista_extractor: what extracts the answers the official rules leave undecided (officially GPT; see the
             report's deviations): heuristic (a rule-based stand-in), rules (none: they count as empty), self (the
             evaluated model) or a saved model directory (that model).

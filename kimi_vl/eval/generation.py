@@ -4,8 +4,9 @@
 `Engine.from_pretrained(dir)` picks the model class from the checkpoint's config (image-text-to-text when the
 config is registered for `AutoModelForImageTextToText`, else causal LM; importing `kimi_vl` registers ours), and
 the processor (vision models) or tokenizer (text models). `Engine.generate` takes a batch of `GenerationRequest`:
-a raw prompt (`chat=False`, tokenized as is, with the tokenizer's own special tokens such as BOS) or a user turn
-(`chat=True`, rendered with the chat template, image part first when there is an image), left-pads them, decodes
+a raw prompt (`chat=False`, tokenized as is, with the tokenizer's own special tokens such as BOS; an image's
+placeholder, `Engine.image_prompt`, goes first) or a user turn (`chat=True`, rendered with the chat template, image
+part first when there is an image), left-pads them, decodes
 greedily up to `max_new_tokens`, stops a row at an end-of-sequence id or a stop string, and returns the new text
 (without the stop string, special tokens skipped).
 """
@@ -22,7 +23,8 @@ import torch
 
 from ..data.encode import end_token_ids, tokenizer_of
 from ..errors import CheckpointError, ConfigError, hub_id_hint
-from ..tokenization.special_tokens import IM_MIDDLE
+from ..tokenization.chat_template import IMAGE_PROMPT
+from ..tokenization.special_tokens import IM_MIDDLE, MEDIA_PAD
 
 
 @dataclass
@@ -240,9 +242,27 @@ class Engine:
         }
 
     # ------------------------------------------------------------------ prompts
+    @property
+    def image_prompt(self) -> str:
+        """What stands for one image in a raw prompt: for Kimi-VL the media block its chat template writes for an
+        image part, else the processor's `image_token` (e.g. `<image>`).
+
+        Raises:
+            ConfigError: the processor names no image token (give the image through the chat template instead).
+        """
+        token = getattr(self.processor, "image_token", None)
+        if token == MEDIA_PAD:
+            return IMAGE_PROMPT
+        if isinstance(token, str) and token:
+            return token
+        raise ConfigError(f"the processor of {self.name} names no image token, so an image cannot be placed in a raw "
+                          "prompt; use the chat format (--mathvista-format chat).")
+
     def render(self, request: GenerationRequest) -> str:
         """The prompt text the model sees (before placeholder expansion)."""
         if not request.chat or not self.has_chat_template:
+            if request.image is not None and self.supports_images:
+                return self.image_prompt + request.text
             return request.text
         if request.image is not None and self.supports_images:
             content: Any = [{"type": "image"}, {"type": "text", "text": request.text}]

@@ -99,6 +99,26 @@ def test_ablation_shows_the_whole_jobs_progress(tmp_path, monkeypatch):
         "vision-rl ablation [done]: 4/4 (100%)")
 
 
+def test_a_single_seed_writes_standard_json(tmp_path, monkeypatch):
+    """With one seed the intervals have no half-width: ablation.json says null (standard JSON), the table no ±."""
+    from kimi_vl.eval import ablation
+
+    monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ablation, "read_summary", lambda path: {})
+    monkeypatch.setattr(ablation.Engine, "from_pretrained", classmethod(lambda cls, model_dir, **kwargs: None))
+    monkeypatch.setattr(ablation, "evaluate", lambda engine, benchmarks, out_dir, config: {"benchmarks": {
+        benchmarks[0]: {"accuracy": 0.5, "chance": 0.1, "constant": 0.2}}})
+    monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
+    ablation.vision_rl_ablation("sft", tmp_path, seeds=1, limit=1, progress=False)
+
+    def refuse(constant):
+        raise ValueError(f"{constant} is not standard JSON")
+
+    saved = json.loads((tmp_path / "ablation.json").read_text(), parse_constant=refuse)
+    assert saved["summary"]["mmlu_pro_synth"] == {"text": [0.5, None], "text+vision": [0.5, None], "delta": [0.0, None]}
+    assert "| 50.0 | 50.0 | 0.0 |" in (tmp_path / "ablation.md").read_text()
+
+
 @pytest.mark.parametrize("vision, informative", [(0.25, True), (0.01, False)])
 def test_markdown_reports_the_start_reward_and_flags_a_vision_arm_without_reward(vision, informative):
     result = {"sft_checkpoint": "sft", "preset": "tiny", "rl_steps": 20, "rl_updates_per_batch": 2,

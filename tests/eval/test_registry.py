@@ -127,6 +127,17 @@ def test_cli_evaluates_a_registered_benchmark(tmp_path, colours, monkeypatch, ca
         in capsys.readouterr().err
 
 
+def test_readme_names_every_method_a_benchmark_must_implement():
+    """README's recipe for a new benchmark names every abstract method of `Benchmark` (a subclass lacking one cannot
+    be instantiated)."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    recipe = readme[readme.index("- A benchmark is one registered object"):]
+    recipe = recipe[: recipe.index("\n\n")]
+    assert Benchmark.__abstractmethods__ and all(f"`{name}`" in recipe for name in Benchmark.__abstractmethods__)
+
+
 def test_aliases_follow_the_registry(colours):
     assert [b.name for b in parse_benchmarks("all")] == list(BENCHMARKS)[:4] + ["colours"]
     assert [b.name for b in parse_benchmarks(["proxies"])] == ["mmlu_pro_synth", "mathvista_synth"]

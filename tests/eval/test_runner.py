@@ -20,7 +20,7 @@ from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.eval import DataUnavailableError, EvalConfig, parse_benchmarks, runner
 from kimi_vl.eval import mathvista as mv
 from kimi_vl.eval.generation import Engine, cut_at_stop, resolve_device
-from kimi_vl.tokenization import build_tokenizer
+from kimi_vl.tokenization import IM_USER, IMAGE_PROMPT, build_tokenizer
 from tests.test_export import tiny_model, tiny_processor
 
 MMLU_TEST_IDS = (7918, 8239, 10717, 10549)  # two math, two computer-science rows of the fixture
@@ -126,6 +126,7 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     assert not any("constant" in mathvista["categories"][mv.TASK_ABBREVIATIONS.get(t, t)] for t in scores["task"])
     assert any("query text only" in d for d in mathvista["deviations"])
     assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
+    assert any("--quick_extract rule" in d for d in mathvista["deviations"])  # on by default; the official's is off
     outputs = json.loads((out / "results.mathvista.json").read_text())
     assert set(outputs) == set(MATHVISTA_PIDS)
     assert all({"response", "extraction", "prediction", "true_false", "query"} <= set(o) for o in outputs.values())
@@ -149,6 +150,34 @@ def test_tiny_kimi_vl_end_to_end_with_images(tmp_path, data_dir, kimi_dir, monke
     assert report["benchmarks"]["mathvista"]["settings"]["images"] is True
     assert sum(isinstance(im, Image.Image) for im in seen_images) == len(MATHVISTA_PIDS)
     assert not any("query text only" in d for d in report["benchmarks"]["mathvista"]["deviations"])
+
+
+def test_raw_mathvista_format_gives_an_image_model_its_images(tmp_path, data_dir, kimi_dir, monkeypatch):
+    """--mathvista-format raw on a model that takes images: the image's placeholder, then the query, no chat turn."""
+    rendered = []
+    original = Engine.render
+
+    def spy(self, request):
+        rendered.append((request.image is not None, original(self, request)))
+        return rendered[-1][1]
+
+    monkeypatch.setattr(Engine, "render", spy)
+    report = runner.evaluate(kimi_dir, "mathvista", tmp_path / "out", EvalConfig(
+        data_dir=data_dir, max_new_tokens=2, mathvista_format="raw", progress=False))
+    assert report["benchmarks"]["mathvista"]["total"] == len(MATHVISTA_PIDS)
+    assert len(rendered) == len(MATHVISTA_PIDS) and all(image for image, _ in rendered)
+    assert all(text.startswith(IMAGE_PROMPT + "Hint: ") and IM_USER not in text for _, text in rendered)
+
+
+def test_chat_format_on_a_model_without_chat_template_is_reported_as_the_raw_prompt(tmp_path, data_dir, llama_dir):
+    """--mmlu-pro-format chat on a model without a chat template sends the official raw prompt: the report says so
+    and claims no chat turn."""
+    engine = Engine.from_pretrained(llama_dir)
+    engine.tokenizer.chat_template = None
+    entry = runner.evaluate(engine, "mmlu_pro", tmp_path / "out", EvalConfig(
+        data_dir=data_dir, max_new_tokens=2, mmlu_pro_format="chat", progress=False))["benchmarks"]["mmlu_pro"]
+    assert entry["settings"]["format"] == "official (chat asked, but the model has no chat template)"
+    assert not any("chat template" in d for d in entry["deviations"])
 
 
 def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_dir, monkeypatch):
@@ -190,6 +219,11 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_d
     generated.clear()  # changed generation settings invalidate the cache
     runner.evaluate(llama_dir, "mmlu_pro", out, dataclasses.replace(config, max_new_tokens=2))
     assert len(generated) == 4
+
+    generated.clear()  # and so does another dtype: the report states the dtype its responses come from
+    bf16 = dataclasses.replace(config, max_new_tokens=2, dtype="bfloat16")  # as the last run but the dtype
+    report = runner.evaluate(llama_dir, "mmlu_pro", out, bf16)
+    assert len(generated) == 4 and report["model"]["dtype"] == "bfloat16"
 
 
 def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir, kimi_dir, monkeypatch):
@@ -257,6 +291,24 @@ def test_lookup_misses_count_the_right_value_with_a_wrong_letter():
                "The option 360 is (C). Again: 5 * 60 = 300. The option 300 is (A). The answer is (A).",
                "The answer is (C)."]
     assert lookup_misses([record(r) for r in replies]) == 2
+
+
+def test_readme_eval_commands_pass_local_model_folders():
+    """`--model` takes a local folder (a Hub id is refused with how to download it): every `kimi-vl eval` command of
+    README's Evaluate section passes a quickstart folder or one an earlier command of the block downloads."""
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[2] / "README.md").read_text(encoding="utf-8")
+    block = readme[readme.index("## Evaluate"):]
+    block = block[block.index("```bash") : block.index("```\n", block.index("```bash") + 7)]
+    downloaded = set()
+    for line in block.splitlines():
+        words = line.split()
+        if "--local-dir" in words:
+            downloaded.add(words[words.index("--local-dir") + 1])
+        if words[:2] == ["kimi-vl", "eval"]:
+            model = words[words.index("--model") + 1]
+            assert model.startswith("runs/") or model in downloaded, line
 
 
 def test_argument_errors(tmp_path, llama_dir, data_dir):
