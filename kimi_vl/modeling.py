@@ -15,7 +15,7 @@ from .errors import ShapeError
 from .fusion.embedding import fuse_media, media_tokens, repeat_media_per_sample
 from .text import KimiHybridCache, KimiTextForCausalLM
 from .text.cache import HybridCacheGenerationMixin
-from .text.modeling import real_tokens
+from .text.modeling import one_cache, real_tokens
 from .vision import MoonViTModel, MoonViTProjector
 
 
@@ -132,12 +132,14 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         pixel_values_videos: torch.Tensor | None = None,
         video_grid_thw: torch.Tensor | None = None,
         cache: KimiHybridCache | None = None,
+        past_key_values: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        cache = one_cache(cache, past_key_values)
         if inputs_embeds is None:
             if input_ids is None or input_ids.dim() != 2:
                 got = "none" if input_ids is None else f"shape {tuple(input_ids.shape)}"

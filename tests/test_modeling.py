@@ -155,6 +155,18 @@ def test_generate_with_images_equals_cache_free_decoding():
     assert torch.equal(out, seq)
 
 
+@torch.no_grad()
+def test_past_key_values_is_taken_as_the_cache_with_images():
+    """A prefill's `past_key_values` passed back (transformers' older name for `cache`) continues it."""
+    model = tiny_vl()
+    p, g = image(2, 2)
+    ids = torch.tensor([sample([3], [g], [4, 5, 6, 7])])
+    full = model(ids, pixel_values=p, image_grid_thw=torch.tensor([g]), use_cache=False).logits
+    out = model(ids[:, :-2], pixel_values=p, image_grid_thw=torch.tensor([g]))
+    got = model(ids[:, -2:], past_key_values=out.past_key_values).logits
+    assert (got - full[:, -2:]).abs().max() < 1e-4
+
+
 def test_num_return_sequences_and_beams_repeat_each_samples_own_media():
     """`num_return_sequences` / `num_beams` repeat every sample with its own media: the first step's logits of each
     copy are its sample's (transformers' `repeat_interleave` of the patch and grid rows mixed the samples' media)."""

@@ -118,6 +118,13 @@ class KimiHybridCache(Cache):
         return False
 
     @property
+    def is_linear(self) -> list[bool]:
+        """False for every layer: whatever the layer (KDA state or MLA latents), the cache has seen exactly
+        `get_seq_length()` tokens, so `generate(full_ids, cache=returned_cache)` runs only the ids past them (as for
+        transformers' attention caches; it would re-run the whole prompt on top of the cache for "linear" ones)."""
+        return [False] * len(self.layer_types)
+
+    @property
     def batch_size(self) -> int:
         for t in self._tensors():
             return t.shape[0]

@@ -72,6 +72,8 @@ class KimiTextPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["KimiDeltaAttention", "MultiHeadLatentAttention", "MoE", "SwiGLU"]
     _supports_sdpa = True
     _is_stateful = True
+    # The router's balancing bias stays fp32 in a bf16 model (as in transformers' kimi_linear / deepseek_v3).
+    _keep_in_fp32_modules_strict = ["e_score_correction_bias"]
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -87,6 +89,7 @@ class KimiTextPreTrainedModel(PreTrainedModel):
         elif isinstance(module, TopKRouter):
             init.normal_(module.weight, mean=0.0, std=std)
             init.zeros_(module.e_score_correction_bias)
+            init.zeros_(module.expert_load)  # non-persistent: from_pretrained would leave it uninitialised
         elif isinstance(module, Experts):
             for w in (module.w1, module.w2, module.w3):
                 init.normal_(w, mean=0.0, std=std)
@@ -130,6 +133,14 @@ def build_mla_mask(
     return (causal & valid) | own
 
 
+def one_cache(cache: KimiHybridCache | None, past_key_values: KimiHybridCache | None) -> KimiHybridCache | None:
+    """The cache a forward continues: `cache`, or `past_key_values` (transformers' name for it, which
+    `outputs.past_key_values` reads back), the same object when both are given."""
+    if cache is not None and past_key_values is not None and cache is not past_key_values:
+        raise ConfigError("Pass the cache as `cache` or as `past_key_values` (the same argument), not two caches.")
+    return cache if cache is not None else past_key_values
+
+
 def refuse_attention_outputs(kwargs: dict) -> None:
     """`output_attentions=True` has nothing to return: the KDA layers form no attention matrix and the MLA layers run
     fused attention. Refused rather than answered with None."""
@@ -170,6 +181,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         cache: KimiHybridCache | None = None,
+        past_key_values: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
@@ -189,6 +201,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
         `cu_seqlens`; from the 2-D `attention_mask` (`cumsum - 1`, so left padding does not shift a row's positions,
         the rule `generate` uses); else `cached + 0..T-1`."""
         refuse_attention_outputs(kwargs)
+        cache = one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ShapeError("Pass exactly one of input_ids [B, T] or inputs_embeds [B, T, hidden].")
         if inputs_embeds is None:
@@ -320,6 +333,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         cache: KimiHybridCache | None = None,
+        past_key_values: KimiHybridCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -337,6 +351,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         equally). `return_logits=False` (the trainer's forwards) with `labels`: when the logits would exceed
         `LOSS_CHUNK_ELEMENTS`, the loss comes from `chunked_causal_lm_loss` and `logits` is None."""
         refuse_attention_outputs(kwargs)
+        cache = one_cache(cache, past_key_values)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,

@@ -51,9 +51,24 @@ class TopKRouter(nn.Module):
         self.scaling = config.routed_scaling_factor
         self.biased_weights = config.router_biased_weights
         self.weight = nn.Parameter(torch.empty(config.num_experts, config.hidden_size))
-        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts))
+        # Both fp32 whatever the model's dtype (`FP32_BUFFERS`): in bf16 a bias near 0.5 absorbs `rate=1e-3` whole and
+        # a count past 256 stops counting single tokens.
+        self.register_buffer("e_score_correction_bias", torch.zeros(config.num_experts, dtype=torch.float32))
         # Tokens routed to each expert since the last `update_router_bias` (training only; not saved).
-        self.register_buffer("expert_load", torch.zeros(config.num_experts), persistent=False)
+        self.register_buffer("expert_load", torch.zeros(config.num_experts, dtype=torch.float32), persistent=False)
+
+    FP32_BUFFERS = ("e_score_correction_bias", "expert_load")
+
+    def _apply(self, fn, recurse=True):
+        """`.to(dtype)`, `.half()` and `.bfloat16()` cast the weight but never take `FP32_BUFFERS` below fp32 (they
+        still move with the device), as `from_pretrained(dtype=...)` keeps them (`_keep_in_fp32_modules_strict`)."""
+        kept = {name: getattr(self, name) for name in self.FP32_BUFFERS}
+        super()._apply(fn, recurse)
+        for name, old in kept.items():
+            new = getattr(self, name)
+            if new.is_floating_point() and torch.finfo(new.dtype).bits < 32 <= torch.finfo(old.dtype).bits:
+                self._buffers[name] = old.to(device=new.device)
+        return self
 
     def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         scores = F.linear(x.float(), self.weight.float()).sigmoid()

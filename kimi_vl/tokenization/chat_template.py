@@ -17,8 +17,10 @@ Content is a string (verbatim) or a list of parts in transformers' multimodal sc
   expands into one `<|media_start|>video<|media_content|>...<|media_end|>` block per temporal chunk, each preceded
   by the chunk's timestamp.
 Roles: `system`, `user`, `assistant`, and `tool` (rendered as `<|im_system|>tool<|im_middle|>...`, as in Kimi's
-template); any other role, or an unknown part type, is an error. Assistant turns (content and their `<|im_end|>`)
-are wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` marks exactly the tokens to train on.
+template); any other role, or an unknown part type, is an error, and so is anything the format has no place for
+and would drop: assistant `tool_calls`, `reasoning_content` and `apply_chat_template(..., tools=...)`. Assistant
+turns (content and their `<|im_end|>`) are wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` marks
+exactly the tokens to train on.
 
 Default system prompt: none. Released Kimi-VL models were trained with `<|im_system|>system<|im_middle|>You are a
 helpful assistant<|im_end|>` prepended when a conversation has no system message; models trained with this package
@@ -80,6 +82,10 @@ _TEMPLATE_LINES = r"""
         {%- endfor -%}
     {%- endif -%}
 {%- endmacro -%}
+{%- if tools is defined and tools -%}
+    {{- raise_exception('tools are not supported by this chat template: Kimi-VL has no tool-declaration format; ' ~
+                        'describe the tools in the system message.') -}}
+{%- endif -%}
 {%- if default_system_prompt is defined and default_system_prompt -%}
     {%- if messages | length == 0 or messages[0]['role'] != 'system' -%}
         IM_SYSTEMsystemIM_MIDDLE{{- default_system_prompt -}}IM_END
@@ -93,6 +99,15 @@ _TEMPLATE_LINES = r"""
     {%- elif role == 'user' -%}
         IM_USERuserIM_MIDDLE{{- render_content(content) -}}IM_END
     {%- elif role == 'assistant' -%}
+        {%- if message['tool_calls'] is defined and message['tool_calls'] -%}
+            {{- raise_exception('Assistant tool_calls are not supported by this chat template (they would be ' ~
+                                'dropped): write the call into the content.') -}}
+        {%- endif -%}
+        {%- if message['reasoning_content'] is defined and message['reasoning_content'] -%}
+            {{- raise_exception('Assistant reasoning_content is not supported by this chat template (it would be ' ~
+                                'dropped): put the reasoning in the content, as the Kimi thinking models do ' ~
+                                '(◁think▷...◁/think▷).') -}}
+        {%- endif -%}
         ASSISTANT_HEADER
         {%- generation -%}
             {{- render_content(content) -}}IM_END

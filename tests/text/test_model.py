@@ -98,6 +98,32 @@ def test_sampled_generation_is_seeded_and_uses_the_cache():
 
 
 @torch.no_grad()
+def test_past_key_values_is_taken_as_the_cache():
+    """transformers' older name (what `outputs.past_key_values` reads) must not be swallowed by **kwargs."""
+    model = tiny_model()
+    ids = torch.randint(3, 61, (1, 20))
+    full = model(ids, use_cache=False).logits
+    out = model(ids[:, :12])
+    got = model(ids[:, 12:], past_key_values=out.past_key_values).logits
+    assert (got - full[:, 12:]).abs().max() < 1e-4
+    assert out.past_key_values.get_seq_length() == 20
+
+
+@pytest.mark.parametrize("layer_types", [None, ["kda"] * 4, ["mla_rope"] * 4])
+@torch.no_grad()
+def test_generate_continues_from_a_returned_cache(layer_types):
+    """`generate(all ids so far, cache=the cache a previous call returned)` runs only the ids the cache has not
+    seen (a multi-turn chat reusing its cache), as one call would."""
+    model = tiny_model(layer_types=layer_types) if layer_types else tiny_model()
+    ids = torch.randint(3, 61, (2, 15))
+    kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+    first = model.generate(ids, max_new_tokens=4, return_dict_in_generate=True, **kw)
+    assert first.cache.get_seq_length() == 18  # the last new token is not fed yet
+    more = model.generate(first.sequences, cache=first.cache, max_new_tokens=6, **kw)
+    assert torch.equal(more, model.generate(ids, max_new_tokens=10, **kw))
+
+
+@torch.no_grad()
 def test_packed_sequences_equal_separate_runs():
     model = tiny_model()
     seqs = [torch.randint(3, 61, (1, n)) for n in (7, 40, 23)]
@@ -373,3 +399,28 @@ def test_routers_count_only_real_tokens():
     for router, load in zip(routers, alone):
         assert router.expert_load.sum() == (7 + 12) * 2  # real tokens x top-k
         assert torch.equal(router.expert_load, load)
+
+
+@pytest.mark.parametrize("load", ["to", "from_pretrained"])
+def test_router_balancing_stays_fp32_in_a_bf16_model(tmp_path, load):
+    """bf16 would absorb a 1e-3 bias step near 0.5 and stop counting single tokens past 256; `from_pretrained` must
+    not leave the (unsaved) load counter uninitialised."""
+    model = tiny_model()
+    with torch.no_grad():
+        for layer in model.model.layers[1:]:
+            layer.mlp.gate.e_score_correction_bias.fill_(0.5)
+    if load == "to":
+        model = model.to(torch.bfloat16)
+    else:
+        model.save_pretrained(tmp_path)
+        model = KimiTextForCausalLM.from_pretrained(tmp_path, dtype=torch.bfloat16)
+    gate = model.model.layers[1].mlp.gate
+    assert model.lm_head.weight.dtype == torch.bfloat16
+    assert gate.e_score_correction_bias.dtype == gate.expert_load.dtype == torch.float32
+    assert gate.expert_load.sum() == 0
+    model.train()
+    with torch.no_grad():
+        model(torch.randint(3, 61, (2, 300)))
+    assert gate.expert_load.sum() == 2 * 300 * model.config.num_experts_per_tok
+    model.model.update_router_biases(1e-3)
+    assert ((gate.e_score_correction_bias - 0.5).abs() - 1e-3).abs().max() < 1e-6

@@ -225,3 +225,25 @@ def test_assistant_mask(tok):
     ids, mask = out["input_ids"], out["assistant_masks"]
     masked = [i for i, m in zip(ids, mask) if m]
     assert tok.decode(masked) == "the cat<|im_end|>"
+
+
+@pytest.mark.parametrize(
+    "assistant, match",
+    [
+        ({"content": "", "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]},
+         "tool_calls are not supported"),
+        ({"content": None, "tool_calls": [{"type": "function", "function": {"name": "f", "arguments": {}}}]},
+         "tool_calls are not supported"),
+        ({"content": "4", "reasoning_content": "2 + 2 = 4"}, "reasoning_content is not supported"),
+    ],
+)
+def test_what_the_format_cannot_hold_is_refused_not_dropped(tok, assistant, match):
+    messages = [{"role": "user", "content": "2 + 2?"}, {"role": "assistant", **assistant}]
+    with pytest.raises(Exception, match=match):
+        tok.apply_chat_template(messages, tokenize=False)
+    tools = [{"type": "function", "function": {"name": "f", "description": "d", "parameters": {"type": "object"}}}]
+    with pytest.raises(Exception, match="tools are not supported"):
+        tok.apply_chat_template(messages[:1], tools=tools, tokenize=False)
+    # empty or absent fields are fine
+    plain = [messages[0], {"role": "assistant", "content": "4", "tool_calls": [], "reasoning_content": None}]
+    assert tok.apply_chat_template(plain, tokenize=False, tools=None).endswith(f"4{IM_END}")
