@@ -444,7 +444,8 @@ _NUMBER = re.compile(r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$")
 def default_reward(record: Record) -> str:
     """The reward kind a prompt row gets without `--reward`, from its answer's form and `data_source`: a single
     option letter -> "choice", `[[x0, y0, x1, y1], ...]` -> "grounding", a number -> "number", an HTML page ->
-    "html", an OCR data source -> "ocr", anything else -> "exact" (normalised exact match)."""
+    "html", an OCR data source (`ocr` at a word's start or end: OCRBench, ocr_vqa, TextOCR) -> "ocr", anything else ->
+    "exact" (normalised exact match)."""
     answer = record.answer.strip()
     if re.fullmatch(r"\(?[A-Z]\)?", answer):
         return "choice"
@@ -454,7 +455,7 @@ def default_reward(record: Record) -> str:
         return "number"
     if answer.startswith("<") and "</" in answer:
         return "html"
-    if "ocr" in record.task.lower():
+    if re.search(r"(?<![a-z])ocr|ocr(?![a-z])", record.task.lower()):  # OCRBench, ocr_vqa, TextOCR; not Socratic
         return "ocr"
     return "exact"
 

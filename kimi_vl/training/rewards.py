@@ -17,7 +17,11 @@ Answer extraction (`extract_*`) follows the formats the synthetic world's target
 **last** "answer is" wins (a model may restate intermediate answers), and a `\\boxed{...}` (the convention of math
 prompts such as verl's) wins over it; without either, each extractor falls back to a format-specific rule
 (MMLU-Pro's `Answer: X` and last standalone letter for choices, the last number for numbers, the whole response for
-OCR, every box in the response for grounding).
+OCR, every box in the response for grounding). A boxed answer is read with the conventions of verl's math
+reward (`normalise_math`): `$`, `\\left`/`\\right`, `\\dfrac`/`\\tfrac`, degrees, percent signs, `\\text{...}` units
+and a trailing period do not count, so `\\boxed{\\dfrac{1}{2}}`, `\\boxed{1/2}` and `\\boxed{0.5}` all answer
+`\\frac{1}{2}` (exact) or 0.5 (number), while `\\boxed{2\\sqrt{3}}` or `\\boxed{10^{3}}` is no number at all (not its
+first number, 2 or 10).
 
 Only attributes of `sample` are read (`reward`, `answer`, `choices`, `meta`), so any object with those attributes
 works (`kimi_vl.data.world.Sample` in practice).
@@ -48,6 +52,13 @@ LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 _ANSWER_IS = re.compile(r"answer is\s*[:：]?\s*", re.IGNORECASE)
 _NUMBER = re.compile(r"(?<![\w.])[-+−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:[eE][-+]?\d+)?|(?<![\w.])[-+−]?\.\d+")
 _BOX = re.compile(r"\[\s*([^\[\]]+?)\s*\]")
+_TEXT_WRAPPER = re.compile(r"\\(?:text|textrm|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_MATH_NUMBER = r"(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:e[-+]?\d+)?|\.\d+(?:e[-+]?\d+)?"
+_MATH_VALUE = re.compile(
+    rf"(?:[a-z]\w{{0,2}}\s*=\s*)?(?P<sign>[-+]?)\s*(?:\\frac\{{(?P<fn>{_MATH_NUMBER})\}}\{{(?P<fd>{_MATH_NUMBER})\}}"
+    rf"|(?P<sn>{_MATH_NUMBER})\s*/\s*(?P<sd>{_MATH_NUMBER})|(?P<n>{_MATH_NUMBER}))"
+    r"(?P<unit>\s+[a-z]+(?:\s+[a-z]+)*(?:\^\{?\d\}?)?)?"  # units after a space: "12 cm", "12 cm^2", "5 square units"
+)
 
 
 # ----------------------------------------------------------------------------------------------------------- extraction
@@ -70,6 +81,46 @@ def last_boxed(text: str) -> str | None:
         if depth == 0:
             return text[i + 1: j].strip()
     return None
+
+
+def normalise_math(text: str) -> str:
+    """A math answer in a canonical form, after verl's math reward (`strip_string`): `$`, `\\(`, `\\[` and spacing
+    commands removed; `\\dfrac` / `\\tfrac` -> `\\frac`, `\\frac12` -> `\\frac{1}{2}`, `\\sqrt3` -> `\\sqrt{3}`;
+    `\\left` / `\\right`, degree signs and percent signs removed; `\\text{...}` (and `\\mathrm`, `\\mbox`, ...)
+    replaced by its content after a space; `{,}` -> `,`; then `normalise_text` and one trailing period removed."""
+    s = str(text).replace("\\$", "").replace("$", "")
+    s = re.sub(r"\\[()\[\]]", " ", s)
+    s = re.sub(r"\\[dt]frac", r"\\frac", s).replace("\\left", "").replace("\\right", "")
+    s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?", "", s).replace("°", "").replace("\\%", "").replace("%", "")
+    s = re.sub(r"\\[,;:! ]|\\q?quad\b|~", " ", s).replace("{,}", ",").replace("−", "-")
+    previous = None
+    while previous != s:
+        previous, s = s, _TEXT_WRAPPER.sub(r" \1", s)
+    s = re.sub(r"\\frac\s*(\d)\s*(\d)", r"\\frac{\1}{\2}", s)
+    s = re.sub(r"\\frac\s*(\d)\s*\{", r"\\frac{\1}{", s)
+    s = re.sub(r"\\frac\s*(\{[^{}]*\})\s*(\d)", r"\\frac\1{\2}", s)
+    s = re.sub(r"\\sqrt\s*(\w)", r"\\sqrt{\1}", s)
+    s = normalise_text(s)
+    return s[:-1].rstrip() if s.endswith(".") else s
+
+
+def math_value(text: str, *, units: bool = True) -> float | None:
+    """The value of an answer that is one number after `normalise_math`: `12`, `-3.5`, `1,000`, `1e3`, `\\frac{1}{2}`,
+    `1/2`, optionally after `x =` and (with `units`) before units (`12 cm`, `12\\text{ cm}^2`); degrees and percent
+    signs never count (`60^\\circ`, `50\\%`). None for anything else (`2\\sqrt{3}`, `10^{3}`, `x = 1, y = 2`, a
+    word)."""
+    match = _MATH_VALUE.fullmatch(normalise_math(text))
+    if match is None or (match["unit"] and not units):
+        return None
+    if match["n"] is not None:
+        value = _to_float(match["n"])
+    else:
+        num, den = (_to_float(match["fn"]), _to_float(match["fd"])) if match["fn"] is not None else (
+            _to_float(match["sn"]), _to_float(match["sd"]))
+        value = None if num is None or not den else num / den
+    if value is None or not math.isfinite(value):
+        return None
+    return -value if match["sign"] == "-" else value
 
 
 def extract_answer(response: str) -> str:
@@ -95,7 +146,8 @@ def extract_choice(response: str, num_choices: int | None = None) -> str | None:
     """The chosen option letter (upper case) or None.
 
     Rules, first hit wins (MMLU-Pro's three levels, taking the last match as its 2025 `apiX` script does; letters
-    are case-sensitive):
+    are case-sensitive), after a `\\boxed{...}` answer, which wins as for every extractor:
+    0. the last `\\boxed{X}` (either case; also `\\boxed{(X)}`, `\\boxed{\\text{X}}`, `\\boxed{X. the option's text}`);
     1. the last `answer is (X)` / `answer is X` not followed by another letter (so "answer is Because" is no B);
     2. the last `Answer: X`;
     3. the last standalone capital letter.
@@ -109,6 +161,9 @@ def extract_choice(response: str, num_choices: int | None = None) -> str | None:
         rf"[aA]nswer:\s*\(?({cls})\)?(?![A-Za-z])",
         rf"\b({cls})\b",
     )
+    boxed = last_boxed(response)
+    if boxed and (letter := re.match(rf"\(?({cls})(?:\)|[.:]|\s|$)", normalise_math(boxed).upper())):
+        return letter.group(1)
     for pattern in patterns:
         found = re.findall(pattern, response)
         if found:
@@ -132,11 +187,12 @@ def parse_numbers(text: str) -> list[float]:
 
 
 def extract_number(response: str) -> float | None:
-    """The answer as a number: the first number in the last `\\boxed{...}`, else the first number after the last
-    "answer is", else the last number of the response; None when there is none."""
+    """The answer as a number: the value of the last non-empty `\\boxed{...}` (`math_value`: None when what is boxed
+    is not one number, e.g. `2\\sqrt{3}`), else the first number after the last "answer is", else the last number of
+    the response; None when there is none."""
     boxed = last_boxed(response)
-    if boxed is not None and (numbers := parse_numbers(boxed)):
-        return numbers[0]
+    if boxed:
+        return math_value(boxed)
     tail = _after_last_answer_is(response)
     if tail is not None:
         numbers = parse_numbers(tail)
@@ -394,8 +450,17 @@ def html_reward(response: str, html: str) -> float:
 
 
 def exact_reward(response: str, answer: str) -> float:
-    """1.0 when the extracted answer (`extract_answer`) equals `answer` after `normalise_text`, else 0.0."""
-    return float(normalise_text(extract_answer(response)) == normalise_text(str(answer)))
+    """1.0 when the extracted answer (`extract_answer`) equals `answer` after `normalise_text`, or after
+    `normalise_math` with spaces removed (verl's convention: `\\dfrac{1}{2}` = `\\frac12`, `50\\%` = `50%`,
+    `Paris.` = `Paris`), or when both are one number without units (`math_value`) of the same value (`0.5` = `1/2` =
+    `\\frac{1}{2}`; `12 m` is not `12 cm`); else 0.0."""
+    predicted, truth = extract_answer(response), str(answer)
+    if normalise_text(predicted) == normalise_text(truth):
+        return 1.0
+    if normalise_math(predicted).replace(" ", "") == normalise_math(truth).replace(" ", ""):
+        return 1.0
+    p, t = math_value(predicted, units=False), math_value(truth, units=False)
+    return float(p is not None and t is not None and math.isclose(p, t, rel_tol=1e-9, abs_tol=1e-12))
 
 
 def format_reward(response: str, kind: str) -> float:
@@ -439,12 +504,16 @@ def _check_kind(kind: str) -> None:
 
 
 def true_number(answer: str | float) -> float:
-    """The true value of a number/count sample: `answer` itself when it is a finite number, else the first number
-    written in it (`parse_numbers`). `ConfigError` when there is none (an infinite value such as `1e400` is none)."""
+    """The true value of a number/count sample: `answer` itself when it is a finite number, else its value when it is
+    one number (`math_value`: `\\frac{1}{2}`, `1/2`, `12 cm`), else the first number written in it (`parse_numbers`).
+    `ConfigError` when there is none (an infinite value such as `1e400` is none)."""
     if isinstance(answer, (int, float)):
         if not math.isfinite(answer):
             raise ConfigError(f"the true answer {answer!r} is not a finite number; a number/count sample needs one.")
         return float(answer)
+    value = math_value(str(answer))
+    if value is not None:
+        return value
     written = [m.group(0) for m in _NUMBER.finditer(str(answer))]
     numbers = [v for v in map(_to_float, written) if v is not None]
     if not numbers:
@@ -475,7 +544,10 @@ def reward(sample: Any, response: str, *, max_tokens: int | None = None, num_tok
     answer = sample.answer
     if kind == "choice":
         choices = getattr(sample, "choices", None)
-        value = choice_reward(response, answer, len(choices) if choices else None)
+        letter = str(answer).strip().strip("()").upper()
+        # without choices, letters up to the true one count (A-J at least, MMLU-Pro's ten): a "K" must be readable
+        n = len(choices) if choices else max(10, LETTERS.index(letter) + 1 if letter in LETTERS else 0)
+        value = choice_reward(response, answer, n)
     elif kind == "number":
         value = number_reward(response, answer, precision=meta.get("precision"))
     elif kind == "count":
@@ -512,7 +584,9 @@ __all__ = [
     "html_structure",
     "last_boxed",
     "levenshtein",
+    "math_value",
     "max_weight_matching",
+    "normalise_math",
     "normalise_text",
     "number_reward",
     "ocr_reward",

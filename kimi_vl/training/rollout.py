@@ -179,7 +179,8 @@ class Rollouts:
     def rewards(self, reward_fn: Callable[..., float] | None = None, *, token_budget: int | None = None,
                 soft_budget: bool = False) -> torch.Tensor:
         """Rewards `[P, K]`: `reward_fn(sample, text, num_tokens=...)` per response (default
-        `kimi_vl.training.rewards.reward` with `max_tokens=token_budget`)."""
+        `kimi_vl.training.rewards.reward`), through `kimi_vl.training.rewards.token_budget` when `token_budget` is
+        set (for a `reward_fn` of your own too)."""
         lengths = self.lengths.tolist()
         values = []
         for n, (sample, text) in enumerate(zip(self.row_samples(), self.texts)):
@@ -187,7 +188,10 @@ class Rollouts:
                 kw = {} if token_budget is None else {"max_tokens": token_budget, "num_tokens": lengths[n]}
                 values.append(_rewards.reward(sample, text, soft_budget=soft_budget, **kw))
             else:
-                values.append(float(reward_fn(sample, text, num_tokens=lengths[n])))
+                value = float(reward_fn(sample, text, num_tokens=lengths[n]))
+                if token_budget is not None:
+                    value = _rewards.token_budget(value, lengths[n], token_budget, soft=soft_budget)
+                values.append(value)
         return torch.tensor(values, dtype=torch.float32).view(self.num_prompts, self.group_size)
 
     def to(self, device: torch.device | str) -> Rollouts:

@@ -123,6 +123,10 @@ def test_rl_prompts_and_their_rewards():
     for answer, kind in (("[[1, 2, 30, 40]]", "grounding"), ("<html><b>x</b></html>", "html"), ("1,234", "number")):
         assert default_reward(Record("prompt", answer=answer)) == kind
     assert default_reward(Record("prompt", answer="HELLO", task="my_ocr_set")) == "ocr"
+    for task in ("OCRBench", "lmms-lab/textocr", "ocr_vqa"):
+        assert default_reward(Record("prompt", answer="HELLO", task=task)) == "ocr", task
+    for task in ("socratic_math", "democracy_qa"):  # "ocr" inside a word: no partial credit for a wrong answer
+        assert default_reward(Record("prompt", answer="Paris", task=task)) == "exact", task
     with pytest.raises(BadRecordError, match="no RL answer"):
         parse({"problem": "Q", "answer": " "})
     with pytest.raises(BadRecordError, match="no RL answer"):

@@ -276,3 +276,48 @@ def test_boxed_answers_and_the_exact_reward():
     assert exact_reward(r"so x = \boxed{ Abc  }", "abc") == 1.0 and exact_reward("The answer is Abd.", "abc") == 0.0
     assert reward(Stub("exact", "Paris"), "The answer is paris.") == 1.0
     assert format_reward(r"\boxed{x}", "exact") == 1.0 and format_reward("nothing", "exact") == 0.0
+
+
+@pytest.mark.parametrize("truth, response, expected", [
+    ("0.5", r"so \boxed{\frac{1}{2}}", 1.0),  # a right fraction was scored by its first number, 1
+    ("0.5", r"\boxed{1/2}", 1.0),
+    ("-0.5", r"\boxed{-\dfrac{1}{2}}", 1.0),
+    ("2", r"\boxed{\frac{2}{3}}", 0.0),  # a wrong answer was scored by its first number, 2
+    ("2", r"\boxed{2\sqrt{3}}", 0.0),
+    ("10", r"\boxed{10^{3}}", 0.0),
+    ("1000", r"\boxed{1{,}000}", 1.0),
+    ("12", r"\boxed{12\,\text{cm}^2}", 1.0),
+    ("60", r"\boxed{60^\circ}", 1.0),
+    ("5", r"\boxed{x = 5}", 1.0),
+    (r"\frac{3}{4}", r"\boxed{0.75}", 1.0),  # a LaTeX truth is its value, not its first number 3
+])
+def test_number_reward_reads_the_whole_boxed_answer(truth, response, expected):
+    assert reward(Stub("number", truth), response) == expected
+
+
+@pytest.mark.parametrize("truth, response", [
+    (r"\frac{1}{2}", r"\boxed{\dfrac{1}{2}}"),
+    (r"\frac{1}{2}", r"\boxed{0.5}"),
+    ("1/2", r"\boxed{\frac12}"),
+    (r"2\sqrt{3}", r"\boxed{2 \sqrt3}"),
+    ("50%", r"\boxed{50\%}"),
+    ("$12$", r"\boxed{12}"),
+    (r"60^\circ", r"\boxed{60}"),
+    ("Paris.", "The answer is Paris."),
+    ("Paris", r"\boxed{\text{Paris.}}"),
+])
+def test_exact_reward_follows_verl_math_conventions(truth, response):
+    """The answers verl's math reward counts as right (`strip_string`): exact must not mark them wrong."""
+    assert reward(Stub("exact", truth), response) == 1.0
+    assert reward(Stub("exact", truth), r"\boxed{7}") == 0.0
+    assert reward(Stub("exact", "12 cm"), r"\boxed{12 \text{ m}}") == 0.0  # a number, but in other units
+
+
+def test_boxed_choice_wins_and_letters_past_j():
+    """A boxed letter is the answer as it is for every other kind, and a true letter past J can be scored."""
+    assert reward(Stub("choice", "B"), r"The answer is (A). No: \boxed{B}") == 1.0
+    assert reward(Stub("choice", "B"), r"\boxed{B} since D is wrong") == 1.0
+    assert reward(Stub("choice", "B"), r"\boxed{\text{(B)}}") == 1.0
+    assert reward(Stub("choice", "A"), r"\boxed{B}") == 0.0
+    assert reward(Stub("choice", "K"), r"\boxed{K}") == 1.0 and reward(Stub("choice", "K"), "The answer is (K).") == 1.0
+    assert extract_choice(r"\boxed{Because}") is None

@@ -463,6 +463,9 @@ def test_rewards_use_the_token_budget():
     assert torch.equal(ro.rewards(token_budget=3), torch.tensor([[1.0] * 4, [0.0] * 4]))
     custom = ro.rewards(lambda sample, text, num_tokens: float(num_tokens))
     assert torch.equal(custom, torch.tensor([[2.0] * 4, [6.0] * 4]))
+    # `RLConfig.token_budget` (what `rl_iteration` passes here) holds for a reward function of your own too
+    budgeted = ro.rewards(lambda sample, text, num_tokens: 1.0, token_budget=3)
+    assert torch.equal(budgeted, torch.tensor([[1.0] * 4, [0.0] * 4]))
 
 
 # ------------------------------------------------------------------------------------------------------- RL learns
