@@ -78,9 +78,14 @@ def stage_fields(stage: str) -> dict[str, tuple[str, dataclasses.Field]]:
     return out
 
 
+_ALL_SETTINGS = {f.name for cls in SECTIONS.values() for f in dataclasses.fields(cls)}
+"""Every setting of every stage (a written run configuration's other-stage settings are dropped on load)."""
+
+
 def load_config_file(path: str | Path) -> dict[str, Any]:
     """The flat settings of a YAML or JSON file (`train` / `data` / `rl` sections flattened; `stage` ignored;
-    `preset` and `seed` kept)."""
+    `preset` and `seed` kept). In a run's written `run_config.json` (`stage`, `preset`, `seed` and the sections),
+    settings of other stages than its own are dropped, as older runs wrote them all."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist.")
@@ -104,6 +109,10 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
             flat.update({k.replace("-", "_"): v for k, v in value.items()})
         elif key != "stage":
             flat[key.replace("-", "_")] = value
+    if {"stage", "preset", "seed", "train", "data"} <= raw.keys():  # a written run_config.json: files before
+        # 2026-11-28 held every stage's settings; those of other stages are dropped
+        written = stage_fields(str(raw["stage"]))
+        flat = {k: v for k, v in flat.items() if k in written or k in ("preset", "seed") or k not in _ALL_SETTINGS}
     return flat
 
 

@@ -56,7 +56,8 @@ class RLConfig:
         penalty_on_masked: apply the penalty also on tokens outside `[alpha, beta]` (K2.5's Eq. 1 as written: the
             clip acts on the ratio term only). False zeroes every gradient of those tokens.
         clip_eps: GRPO's PPO clip range `[1 - eps, 1 + eps]`.
-        kl_coef: GRPO's coefficient of the k3 KL to the reference model (needs `ref_model` at rollout when > 0).
+        kl_coef: GRPO's coefficient of the k3 KL to a reference model: > 0 needs one (`rl_iteration(ref_model=...)`,
+            `RLStep(ref_model=...)`; the RL stage, `kimi-vl train rl`, loads its `--from` checkpoint as one, frozen).
         temperature, top_p: sampling settings (log-probs are of `softmax(logits / temperature)`).
         max_new_tokens: longest response.
         token_budget: reward budget in generated tokens (`kimi_vl.training.rewards.token_budget`); None = off.
@@ -453,18 +454,25 @@ class RLStep:
     indices and seed `seed * 1_000_003 + b`: the same responses as one process would sample for them). Each rank's
     loss is normalised over its own share, so the data-parallel mean of the gradients is the global batch's (K2.5:
     `1 / (P * N_g)` per token; GRPO: `1 / (N * |o_i|)`). Metrics are the global batch's. Checkpoints are taken only at
-    rollout-batch boundaries (a resumed run regenerates the batch with the restored model).
+    rollout-batch boundaries (a resumed run regenerates the batch with the restored model). `ref_model` (frozen, on
+    the trainer's device) gives GRPO's reference log-probs; `cfg.kl_coef > 0` needs it.
     """
 
     def __init__(self, prompts: PromptSource, processor: Any, cfg: RLConfig, *, seed: int,
-                 reward_fn: Callable[..., float] | None = None) -> None:
+                 reward_fn: Callable[..., float] | None = None, ref_model: nn.Module | None = None) -> None:
+        if cfg.algorithm == "grpo" and cfg.kl_coef > 0 and ref_model is None:
+            raise ConfigError(f"kl_coef={cfg.kl_coef} needs a reference model: pass ref_model (the RL stage, "
+                              "kimi-vl train rl, passes its --from checkpoint), or set kl_coef to 0.")
         self.prompts, self.processor, self.cfg, self.seed, self.reward_fn = prompts, processor, cfg, seed, reward_fn
+        self.ref_model = ref_model
         self.batch: RLBatch | None = None
         self.metrics: dict[str, float] = {}
         self.bad_records: list[dict[str, Any]] = []
 
     def start(self, trainer: Any) -> None:
         self.batch = None
+        if self.ref_model is not None:
+            self.ref_model.to(trainer.accelerator.device)
 
     def can_checkpoint(self, step: int) -> bool:
         return step % self.cfg.updates_per_batch == 0
@@ -504,7 +512,7 @@ class RLStep:
             max_new_tokens=cfg.max_new_tokens, temperature=cfg.temperature, top_p=cfg.top_p,
             seed=self.seed * 1_000_003 + index, micro_batch_size=cfg.micro_batch_size,
             generation_batch_size=cfg.generation_batch_size, prompt_indices=local, autocast=acc.autocast,
-            synced_gpus=world > 1 and acc.distributed_type.value == "FSDP")
+            synced_gpus=world > 1 and acc.distributed_type.value == "FSDP", ref_model=self.ref_model)
         rewards = rollouts.rewards(self.reward_fn, token_budget=cfg.token_budget, soft_budget=cfg.soft_budget)
         self.batch = RLBatch.build(rollouts, rewards, cfg)
         parts = [(self.batch.rewards, self.batch.advantages.cpu(), rollouts.lengths.cpu(), rollouts.truncated.cpu(),

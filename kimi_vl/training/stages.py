@@ -362,8 +362,11 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     else:
         source = prompts.prompts
     model, processor = load_checkpoint_dir(from_dir)
+    ref_model = None
+    if cfg.rl.algorithm == "grpo" and cfg.rl.kl_coef > 0:  # GRPO's KL is to the starting checkpoint, held fixed
+        ref_model = load_checkpoint_dir(from_dir)[0].eval().requires_grad_(False)
     label = "+".join(data.families) if prompts is None else "data"
-    trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed), cfg.train, out_dir,
+    trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed, ref_model=ref_model), cfg.train, out_dir,
                       desc=f"rl ({label})", fingerprint=data_fingerprint(prompts and prompts.mixture, cfg.seed),
                       allow_data_change=data.allow_data_change)
     if trainer.accelerator.is_main_process:

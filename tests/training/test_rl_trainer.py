@@ -129,3 +129,21 @@ def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_
         rl(checkpoint, tmp_path / "rl", **kwargs)
     assert sorted(p.name for p in (tmp_path / "rl" / "state").iterdir()) == ["step_00000002"]
     assert [m["step"] for m in read_metrics(tmp_path / "rl" / "metrics.jsonl")] == [1, 2]
+
+
+def test_grpo_kl_is_to_the_from_checkpoint(checkpoint, tmp_path):
+    """`kimi-vl train rl --algorithm grpo --kl-coef 0.01` holds the --from checkpoint fixed as GRPO's reference (it
+    crashed at the first rollout batch, telling the user to "pass ref_model to rollout"): the first update starts
+    at the reference (KL 0, the loss of kl_coef 0), the second, from a moved policy, adds a positive KL term.
+    `RLStep` without a reference refuses kl_coef > 0 before any rollout."""
+    from kimi_vl.errors import ConfigError
+    from kimi_vl.training.rl import RLConfig
+
+    runs = {}
+    for kl in (0.0, 0.01):
+        out = rl(checkpoint, tmp_path / f"kl{kl}", steps=2, algorithm="grpo", kl_coef=kl, k=2, prompts_per_family=1,
+                 max_new_tokens=4, progress=False)
+        runs[kl] = [m["loss"] for m in read_metrics(out / "metrics.jsonl")]
+    assert runs[0.01][0] == pytest.approx(runs[0.0][0], abs=1e-7) and runs[0.01][1] > runs[0.0][1]
+    with pytest.raises(ConfigError, match="needs a reference model"):
+        RLStep(lambda i: ([], []), None, RLConfig(algorithm="grpo", kl_coef=0.01), seed=0)

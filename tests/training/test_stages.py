@@ -70,6 +70,13 @@ def test_a_runs_resolved_configuration_is_accepted_back(stage, tmp_path):
     settings = load_config_file(write_run_config(cfg, tmp_path))
     preset, seed = settings.pop("preset"), settings.pop("seed")
     assert resolve(stage, preset, settings, seed=seed) == cfg
+    # a file written before (every section's every field, RL's too) is accepted back the same
+    legacy = {"stage": stage, "preset": "tiny", "seed": 3, "train": dataclasses.asdict(cfg.train),
+              "data": dataclasses.asdict(cfg.data), "rl": dataclasses.asdict(get_preset("tiny").rl_algorithm)}
+    (tmp_path / "legacy.json").write_text(json.dumps(legacy))
+    settings = load_config_file(tmp_path / "legacy.json")
+    preset, seed = settings.pop("preset"), settings.pop("seed")
+    assert resolve(stage, preset, settings, seed=seed) == cfg
 
 
 def test_data_none_is_the_embedded_data(tmp_path):
