@@ -5,7 +5,8 @@ in `.grad` and returns the step's loss, token count and metrics.
 - `LanguageModelStep` (pre-training, SFT): `grad_accum` micro-batches per process. Micro-batch `m` of step `s` on
   rank `r` of `W` is `data.batch((s * grad_accum + m) * W + r)`: batches are pure functions of their index, so a
   resumed run sees exactly the batches the uninterrupted one would have, and the loss curve is reproduced bit for
-  bit on CPU. `num_workers` data-loader processes build them ahead.
+  bit on CPU; resumed with another `grad_accum` or number of processes, it goes on after the batches drawn so far
+  (recorded in the checkpoint). `num_workers` data-loader processes build them ahead.
 - `kimi_vl.training.rl.RLStep` (RL): rollouts, rewards and one update of the K2.5 objective (or GRPO).
 
 Per step: the step's forward/backward under accelerate (bf16 autocast on GPU, fp32 on CPU; DDP or FSDP2 across
@@ -237,8 +238,10 @@ class LanguageModelStep:
     def start(self, trainer: Trainer) -> None:
         cfg, acc = trainer.cfg, trainer.accelerator
         world, rank = acc.num_processes, acc.process_index
-        indices = [(s * cfg.grad_accum + m) * world + rank for s in range(trainer.step, cfg.steps)
-                   for m in range(cfg.grad_accum)]
+        # after the batches drawn before (a resumed run with another grad_accum or world size neither repeats nor
+        # skips any); with the same ones, step s draws (s * grad_accum + m) * world + rank as an unbroken run does
+        indices = [trainer.batches_drawn + (k * cfg.grad_accum + m) * world + rank
+                   for k in range(cfg.steps - trainer.step) for m in range(cfg.grad_accum)]
         self.stream = batches(self.data, indices, self.num_workers)
 
     def can_checkpoint(self, step: int) -> bool:
@@ -256,6 +259,7 @@ class LanguageModelStep:
         acc, grad_accum, normalisation = trainer.accelerator, trainer.cfg.grad_accum, trainer.cfg.loss_normalisation
         world = acc.num_processes
         micro_batches = [next(self.stream) for _ in range(grad_accum)]
+        trainer.batches_drawn += grad_accum * world
         # each micro-batch's mean loss weighs by its share of the global batch's targets (or documents), so the step's
         # loss is the mean over the whole global batch, whatever its split into micro-batches and ranks
         counts = [loss_denominator(b.labels, b.cu_seqlens, per_document=normalisation == "document")
@@ -339,6 +343,7 @@ class Trainer:
         self.errors_path = self.out_dir / DATA_ERRORS
         self.step = 0
         self.tokens = 0
+        self.batches_drawn = 0  # batch indices of the data drawn so far, every rank's (language-model steps)
         self.skipped = 0
         self.nonfinite_in_a_row = 0
 
@@ -493,8 +498,8 @@ class Trainer:
         self.accelerator.wait_for_everyone()
         if not self.accelerator.is_main_process:
             return None
-        state = {"tokens": self.tokens, "skipped": self.skipped, "nonfinite_in_a_row": self.nonfinite_in_a_row,
-                 "config": asdict(self.cfg), "data": self.fingerprint}
+        state = {"tokens": self.tokens, "batches_drawn": self.batches_drawn, "skipped": self.skipped,
+                 "nonfinite_in_a_row": self.nonfinite_in_a_row, "config": asdict(self.cfg), "data": self.fingerprint}
         return save_checkpoint(self.state_dir, self.step, model=self.raw_model, optimizer=self.optimizer,
                                trainer_state=state, keep=self.cfg.keep_checkpoints)
 
@@ -514,6 +519,9 @@ class Trainer:
                               f"{self.cfg.steps} steps; pass --steps {state['step']} or more to resume it, or write "
                               "the run to another --out.")
         self.step, self.tokens = state["step"], state["tokens"]
+        # checkpoints written before it was recorded: as drawn by this run's grad_accum and world size
+        self.batches_drawn = state.get("batches_drawn",
+                                       self.step * self.cfg.grad_accum * self.accelerator.num_processes)
         self.skipped, self.nonfinite_in_a_row = state["skipped"], state["nonfinite_in_a_row"]
         if self.accelerator.is_main_process:
             rewind_metrics(self.metrics_path, self.step)

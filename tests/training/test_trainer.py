@@ -204,6 +204,27 @@ def test_accumulated_micro_batches_train_as_one_batch_of_their_targets(tmp_path,
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
 
 
+class LoggedData(CountingData):
+    def __init__(self):
+        super().__init__()
+        self.seen: list[int] = []
+
+    def batch(self, index: int) -> Batch:
+        self.seen.append(index)
+        return super().batch(index)
+
+
+def test_a_run_resumed_with_another_grad_accum_goes_on_after_the_batches_drawn(tmp_path):
+    """Resumed with another `grad_accum` (or number of processes), training neither repeats nor skips data: it draws
+    the batches after those the checkpoint's steps drew (step 4 of 2 micro-batches: 0-7), not from its own step's
+    index (4-7 again)."""
+    first, then = LoggedData(), LoggedData()
+    Trainer(tiny_lm(), first, cfg(grad_accum=2, steps=4, checkpoint_every=2), tmp_path).train()
+    assert first.seen == list(range(8))
+    Trainer(tiny_lm(), then, cfg(grad_accum=1, steps=6, checkpoint_every=2), tmp_path).train()
+    assert then.seen == [8, 9]
+
+
 def test_activation_checkpointing_recomputes_every_sublayer_and_keeps_the_numbers(tmp_path, monkeypatch):
     """`activation_checkpointing=True`: every token mixer and feed-forward, and Block AttnRes's depth mixing, run
     through `torch.utils.checkpoint` in every forward, and on the CPU the run's losses, gradient norms, max logits,
