@@ -314,8 +314,8 @@ def _answer(value: Any) -> str:
         value = value[0]
     if isinstance(value, (dict, list, tuple)):
         raise _bad(f"the RL answer is a {type(value).__name__} ({_short(value)}), not a string or a number")
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise _bad("no RL answer (the ground truth is missing or empty)")
+    if value is None or (isinstance(value, str) and not value.strip()) or (isinstance(value, float) and value != value):
+        raise _bad("no RL answer (the ground truth is missing, empty or NaN: a Parquet float column's missing value)")
     return str(value).strip()
 
 

@@ -131,6 +131,8 @@ def test_rl_prompts_and_their_rewards():
         parse({"problem": "Q", "answer": " "})
     with pytest.raises(BadRecordError, match="no RL answer"):
         parse({"prompt": [{"role": "user", "content": "Q"}], "reward_model": {}})
+    with pytest.raises(BadRecordError, match="no RL answer.*NaN"):  # a float column's missing value, not "nan"
+        parse({"prompt": [{"role": "user", "content": "Q"}], "reward_model": {"ground_truth": float("nan")}})
     with pytest.raises(BadRecordError, match="does not end with a user turn"):
         parse({"prompt": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}],
                "reward_model": {"ground_truth": "1"}})
