@@ -59,8 +59,8 @@ def _estimate_tokens(record: Record, loaded: Any, image_processor: Any, video_pr
     for value in media:
         if hasattr(value, "size") and hasattr(value, "mode"):  # a PIL image
             w, h = value.size
-            tokens += image_processor.get_num_image_tokens(h, w)
             blocks.append(("image", image_processor.get_num_image_tokens(h, w)))
+            tokens += blocks[-1][1]
         else:
             frames = (load_video(value, fps=video_processor.fps).frames if isinstance(value, str)
                       else np.asarray(value))
@@ -99,9 +99,9 @@ def check_source(source: Source, *, fmt: str = "auto", reward: str | None = None
                 tokens = _encoded_tokens(record, loaded, processor, seq_len)
             else:
                 tokens, blocks = _estimate_tokens(record, loaded, image_processor, video_processor)
-                if record.kind != "prompt" and (why := next(filter(None, (
-                        media_block_too_long(n, seq_len, kind) for kind, n in blocks)), None)):
-                    raise BadRecordError(why)
+                for kind, n in blocks if record.kind != "prompt" else []:  # as `check_media_blocks` in training
+                    if why := media_block_too_long(n, seq_len, kind):
+                        raise BadRecordError(why)
             if record.kind == "chat" and (why := chat_too_long(tokens, seq_len, estimated=processor is None)):
                 raise BadRecordError(why)
         except (ConfigError, DataError) as exc:

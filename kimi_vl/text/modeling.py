@@ -419,11 +419,18 @@ def _reduce_losses(losses: torch.Tensor, target: torch.Tensor, cu_seqlens: torch
     valid = target != -100
     if not per_document:
         return losses.sum() / valid.sum()  # nan without targets, as F.cross_entropy's mean
-    segment = torch.searchsorted(cu_seqlens[1:].to(losses.device).long(),
-                                 torch.arange(len(losses), device=losses.device), right=True)
-    counts = torch.bincount(segment[valid], minlength=len(cu_seqlens) - 1).float()
+    segment, counts = _document_targets(target, cu_seqlens)
     weights = torch.where(valid, 1.0 / counts.clamp(min=1.0)[segment], torch.zeros_like(losses))
     return (losses * weights).sum() / (counts > 0).sum().clamp(min=1)
+
+
+def _document_targets(target: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """`(segment [N], counts [docs])`: the packed sequence of each of the targets `[N]` and each sequence's number of
+    targets != -100."""
+    segment = torch.searchsorted(cu_seqlens[1:].to(target.device).long(),
+                                 torch.arange(len(target), device=target.device), right=True)
+    counts = torch.bincount(segment[target != -100], minlength=len(cu_seqlens) - 1).float()
+    return segment, counts
 
 
 def _check_loss_inputs(labels: torch.Tensor, shape: torch.Size, cu_seqlens: torch.Tensor | None,
@@ -444,9 +451,7 @@ def loss_denominator(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = Non
     if not per_document:
         return int(valid.sum())
     _check_loss_inputs(labels, labels.shape, cu_seqlens, per_document)
-    segment = torch.searchsorted(cu_seqlens[1:].to(labels.device).long(),
-                                 torch.arange(len(target), device=labels.device), right=True)
-    return int(torch.unique(segment[valid]).numel())
+    return int((_document_targets(target, cu_seqlens)[1] > 0).sum())
 
 
 def causal_lm_loss(

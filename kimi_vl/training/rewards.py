@@ -546,7 +546,7 @@ def reward(sample: Any, response: str, *, max_tokens: int | None = None, num_tok
         choices = getattr(sample, "choices", None)
         letter = str(answer).strip().strip("()").upper()
         # without choices, letters up to the true one count (A-J at least, MMLU-Pro's ten): a "K" must be readable
-        n = len(choices) if choices else max(10, LETTERS.index(letter) + 1 if letter in LETTERS else 0)
+        n = len(choices) if choices else max(10, LETTERS.find(letter) + 1 if len(letter) == 1 else 0)
         value = choice_reward(response, answer, n)
     elif kind == "number":
         value = number_reward(response, answer, precision=meta.get("precision"))

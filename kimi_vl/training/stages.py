@@ -176,8 +176,8 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
     if from_dir is not None:  # recorded absolute (runs before that: relative to where they were started)
         summary = read_summary(out_dir) or {}
         was = summary.get("from")
-        if not (was is not None and Path(was).resolve() == Path(from_dir).resolve()
-                or _same_weights(summary.get("from_weights") or weights_fingerprint(was), from_dir)):
+        same_path = was is not None and Path(was).resolve() == Path(from_dir).resolve()
+        if not same_path and not _same_weights(summary.get("from_weights") or weights_fingerprint(was), from_dir):
             changes.append(f"from {was!r} -> {str(from_dir)!r}")
     if changes:
         raise ConfigError(
