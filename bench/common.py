@@ -5,6 +5,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
+from queue import Empty
 
 # The tiny text config of the benchmarks (hidden 256, 8 layers in the 3:1 hybrid, 8 experts top-2).
 TINY_TEXT = dict(
@@ -62,14 +63,22 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
 
 def run_isolated(target: Callable, *args) -> dict:
     """Run `target(*args, queue)` in a fresh `spawn` subprocess and return the dict it puts on the queue, so
-    each measurement sees only its own allocations (peak resident memory via `ru_maxrss`)."""
+    each measurement sees only its own allocations (peak resident memory via `ru_maxrss`); a worker that dies
+    before putting raises `RuntimeError`."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=target, args=(*args, queue))
     proc.start()
-    out = queue.get()
+    while True:  # a worker that dies (an exception, the out-of-memory killer) never puts: stop instead of waiting
+        try:
+            out = queue.get(timeout=1.0)
+            break
+        except Empty:
+            if not proc.is_alive():
+                raise RuntimeError(f"benchmark worker {target.__name__} exited with status {proc.exitcode} "
+                                   "before reporting (its traceback is above)") from None
     proc.join()
     return out
 
