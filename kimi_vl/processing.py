@@ -17,7 +17,6 @@ paths, `file://` URLs, PIL images, numpy arrays, and decoded video frames; never
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -41,16 +40,9 @@ from .tokenization.special_tokens import (
     MEDIA_START,
     VIDEO_PLACEHOLDER,
 )
+from .vision.video_processing import fspath_videos
 
 logger = logging.get_logger(__name__)
-
-def _fspath_videos(videos: Any) -> Any:
-    """`os.PathLike` entries (nested lists allowed) as `str`, which transformers' video helpers understand."""
-    if isinstance(videos, os.PathLike):
-        return os.fspath(videos)
-    if isinstance(videos, (list, tuple)):
-        return [_fspath_videos(v) for v in videos]
-    return videos
 
 
 def _count_images(images: Any) -> int:
@@ -100,6 +92,19 @@ def _check_images_per_sample(samples: list[str], images: Any, token: str) -> Non
                 f"{_count_images(own)}; give each text exactly its own images, one per placeholder, in order.")
 
 
+def _base64_as_data_uri(messages: list) -> list:
+    """`messages` with every image part's bare `base64` payload written as a `data:` URI (which `load_image` reads;
+    transformers hands the payload over as is); the caller's dicts are left untouched."""
+
+    def part(p: Any) -> Any:
+        bare = (isinstance(p, dict) and p.get("type") == "image" and isinstance(p.get("base64"), str)
+                and not p["base64"].startswith("data:"))
+        return {**p, "base64": f"data:image/*;base64,{p['base64']}"} if bare else p
+
+    return [{**m, "content": [part(p) for p in m["content"]]}
+            if isinstance(m, dict) and isinstance(m.get("content"), (list, tuple)) else m for m in messages]
+
+
 class KimiVLProcessor(ProcessorMixin):
     """Prepares Kimi-VL model inputs: chat template, media placeholder expansion, tokenization, image and video
     preprocessing (see the module docstring for the expansion rule and the output keys).
@@ -139,7 +144,7 @@ class KimiVLProcessor(ProcessorMixin):
     # ------------------------------------------------------------------ inputs
     def prepare_inputs_layout(self, images=None, text=None, videos=None, audio=None, **kwargs):
         if videos is not None:
-            videos = _fspath_videos(videos)
+            videos = fspath_videos(videos)
         return super().prepare_inputs_layout(images=images, text=text, videos=videos, audio=audio, **kwargs)
 
     def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):
@@ -183,7 +188,8 @@ class KimiVLProcessor(ProcessorMixin):
     def apply_chat_template(self, conversation: Any, chat_template: str | None = None, **kwargs: Any) -> Any:
         """transformers' `apply_chat_template` (one conversation, a list of messages, or a batch of them), after
         checking that no conversation is empty and that no content part is audio."""
-        batch = conversation if conversation and isinstance(conversation[0], (list, tuple)) else [conversation]
+        batched = bool(conversation) and isinstance(conversation[0], (list, tuple))
+        batch = conversation if batched else [conversation]
         for i, messages in enumerate(batch):
             if not isinstance(messages, (list, tuple)) or not messages:
                 raise ConfigError(f"conversation {i} is {_describe(messages)}; pass a non-empty list of messages "
@@ -194,7 +200,8 @@ class KimiVLProcessor(ProcessorMixin):
                         isinstance(p, dict) and p.get("type") in ("audio", "input_audio") for p in content):
                     raise InvalidMediaError("Kimi-VL reads text, images and videos, not audio; remove the audio "
                                             f"part of conversation {i}.")
-        return super().apply_chat_template(conversation, chat_template, **kwargs)
+        batch = [_base64_as_data_uri(messages) for messages in batch]
+        return super().apply_chat_template(batch if batched else batch[0], chat_template, **kwargs)
 
     def _process_videos(self, videos: Any, **kwargs: Any):
         # One flat list of videos (apply_chat_template nests them per conversation); file paths stay paths so the

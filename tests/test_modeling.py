@@ -64,10 +64,12 @@ def test_logits_equal_manual_scatter_and_backbone():
 
 
 def test_placeholder_media_mismatch_names_both_counts():
+    """The error names both counts and the processor settings that must match the model's (a video processor with
+    another `temporal_patch_size` than the vision config's `temporal_chunk_size` writes other counts)."""
     model = tiny_vl()
     p, g = image(4, 4)
     ids = torch.tensor([sample([3], [g], [6])[:-3]])  # one placeholder too few
-    with pytest.raises(InvalidMediaError, match=r"3 image placeholder tokens.*4 image tokens"):
+    with pytest.raises(InvalidMediaError, match=r"3 image placeholder tokens.*4 image tokens.*temporal_patch_size"):
         model(ids, pixel_values=p, image_grid_thw=torch.tensor([g]))
     with pytest.raises(InvalidMediaError, match="0 image placeholder"):
         model(torch.tensor([[3, 4, 5]]), pixel_values=p, image_grid_thw=torch.tensor([g]))

@@ -1,6 +1,7 @@
 """KimiVLProcessor: placeholder expansion, output keys, mismatch errors, chat template with media, save/load,
 post-processing."""
 
+import base64
 import random
 import re
 from pathlib import Path
@@ -258,6 +259,19 @@ def test_chat_template_media_sources(proc, media):
         torch.testing.assert_close(per_image[i], per_image[0])
     direct = proc(text=prompt, images=[array] * 4, return_tensors="pt")
     assert torch.equal(direct["input_ids"], out["input_ids"])
+
+
+def test_chat_template_base64_image_part(proc, media):
+    # transformers hands a part's bare `base64` payload to the processor as is
+    payload = base64.b64encode(media["png"].read_bytes()).decode()
+    part = {"type": "image", "base64": payload}
+    messages = _user(part, {"type": "text", "text": "Same?"})
+    out = proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt")
+    assert part == {"type": "image", "base64": payload}  # the caller's message is left as it was
+    expected = proc.apply_chat_template(_user({"type": "image", "path": str(media["png"])}, {"type": "text", "text": "Same?"}),
+                                        tokenize=True, return_dict=True, return_tensors="pt")
+    for key in ("input_ids", "pixel_values", "image_grid_thw"):
+        assert torch.equal(out[key], expected[key]), key
 
 
 def test_chat_template_video(proc, tok, media):

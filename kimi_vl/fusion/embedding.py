@@ -36,7 +36,9 @@ def scatter_media(
     if n != features.shape[0]:
         raise InvalidMediaError(
             f"the text has {n} {kind} placeholder tokens but the {kind}s give {features.shape[0]} {kind} tokens; "
-            f"build inputs with KimiVLProcessor, which expands one placeholder per {kind} into the right count."
+            f"build inputs with KimiVLProcessor, which expands one placeholder per {kind} into the right count, with "
+            "processor settings that match the model's vision config (the processors' `merge_size` its "
+            "`merge_kernel_size`, the video processor's `temporal_patch_size` its `temporal_chunk_size`)."
         )
     return embeds.masked_scatter(mask[..., None], features.to(embeds.dtype))
 

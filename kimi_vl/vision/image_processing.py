@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from transformers.image_processing_backends import TorchvisionBackend
@@ -136,8 +137,9 @@ class MoonViTImageProcessor(TorchvisionBackend):
     """Native-resolution image processor of MoonViT-3D (same settings and outputs as `Kimi_K25ImageProcessor`).
 
     Accepts one image or a list (nested lists allowed) of paths, `file://` URLs, PIL images, uint8 numpy arrays
-    (all read through `media.load_image`) or already-decoded torch tensors (uint8, or floats in 0..255; floats in
-    [0, 1] need `do_rescale=False`). Settings may be overridden per call.
+    (`[H, W]`, `[H, W, C]`, `[C, H, W]`, or `[N, ...]` for N images; all read through `media.load_image`) or
+    already-decoded torch tensors (uint8, or floats in 0..255; floats in [0, 1] need `do_rescale=False`). Settings
+    may be overridden per call.
     """
 
     do_resize = True
@@ -155,8 +157,10 @@ class MoonViTImageProcessor(TorchvisionBackend):
     model_input_names = ["pixel_values", "image_grid_thw"]
 
     def fetch_images(self, image_url_or_urls: Any) -> Any:
-        """Read every non-tensor entry with `media.load_image` (RGB PIL image); lists keep their nesting."""
-        if isinstance(image_url_or_urls, (list, tuple)):
+        """Read every non-tensor entry with `media.load_image` (RGB PIL image); lists keep their nesting and a 4-D
+        numpy array `[N, ...]` is a list of N images (as a 4-D tensor is)."""
+        if isinstance(image_url_or_urls, (list, tuple)) or (
+                isinstance(image_url_or_urls, np.ndarray) and image_url_or_urls.ndim == 4):
             return [self.fetch_images(x) for x in image_url_or_urls]
         if isinstance(image_url_or_urls, torch.Tensor):
             return image_url_or_urls

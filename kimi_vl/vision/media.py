@@ -132,7 +132,14 @@ def _local_path(src: str | os.PathLike, kind: str) -> Path:
         )
     else:
         path = Path(text)
-    if not path.is_file():
+    try:
+        is_file = path.is_file()
+    except OSError as exc:  # e.g. ENAMETOOLONG: a long string that is no path (an inline base64 payload?)
+        raise InvalidMediaError(
+            f"{kind} {shown!r} is not a usable path ({exc.strerror}); pass the path of a local file, a file:// URL, "
+            "or for an image its bytes or a data:<mime>;base64,<payload> URI."
+        ) from exc
+    if not is_file:
         problem = "is a directory, not a file" if path.is_dir() else "does not exist"
         raise InvalidMediaError(f"{kind} file {short_source(str(path))!r} {problem}; check the path.")
     if path.stat().st_size == 0:
@@ -157,7 +164,7 @@ def to_rgb(image: Image.Image) -> Image.Image:
     if mode == "RGB":
         return image
     if mode in _ALPHA_MODES or mode == "P" or "transparency" in image.info:
-        rgba = image.convert("RGBA")
+        rgba = (image.convert("LA") if mode == "La" else image).convert("RGBA")  # Pillow has no La -> RGBA
         white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
         return Image.alpha_composite(white, rgba).convert("RGB")
     if mode in _WIDE_GREY_MODES:
@@ -174,15 +181,18 @@ def _array_to_image(array: np.ndarray) -> Image.Image:
             "e.g. `array.astype(np.uint8)` after scaling."
         )
     shape = tuple(array.shape)
-    if array.ndim == 3 and shape[2] == 1:
+    if array.ndim == 3 and shape[2] not in (1, 3, 4) and shape[0] in (1, 3, 4):
+        array = array.transpose(1, 2, 0)  # channels first [C, H, W], as transformers' image processors accept
+    if array.ndim == 3 and array.shape[2] == 1:
         array = array[:, :, 0]
     if array.ndim == 2:
         mode = "L"
-    elif array.ndim == 3 and shape[2] in (3, 4):
-        mode = "RGB" if shape[2] == 3 else "RGBA"
+    elif array.ndim == 3 and array.shape[2] in (3, 4):
+        mode = "RGB" if array.shape[2] == 3 else "RGBA"
     else:
         raise InvalidMediaError(
-            f"image array of shape {shape} is not an image; pass [H, W] greyscale or [H, W, C] with C in 1, 3, 4."
+            f"image array of shape {shape} is not an image; pass [H, W] greyscale, [H, W, C] or [C, H, W] with C in "
+            "1, 3, 4."
         )
     if array.shape[0] == 0 or array.shape[1] == 0:
         raise InvalidMediaError(f"image array of shape {shape} has zero size; pass a non-empty image.")
@@ -194,8 +204,9 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
 
     Args:
         src: a path (str or `os.PathLike`), a `file://` URL, an inline `data:image/...;base64,...` URI, the
-            encoded file's bytes (PNG, JPEG, ...), a Pillow image, or a uint8 numpy array `[H, W]`, `[H, W, 1]`,
-            `[H, W, 3]` or `[H, W, 4]` (RGBA).
+            encoded file's bytes (PNG, JPEG, ...), a Pillow image, or a uint8 numpy array `[H, W]`, `[H, W, C]` or
+            channels-first `[C, H, W]` with `C` 1, 3 or 4 (RGBA); an array whose last axis is 1, 3 or 4 is read as
+            `[H, W, C]`.
         max_pixels: largest accepted width * height. Files are measured from their header, before any pixel data
             is decoded.
 

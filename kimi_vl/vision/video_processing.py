@@ -30,7 +30,7 @@ from transformers.image_utils import IMAGENET_STANDARD_MEAN, IMAGENET_STANDARD_S
 from transformers.processing_utils import VideosKwargs
 from transformers.utils import TensorType
 from transformers.video_processing_utils import BaseVideoProcessor
-from transformers.video_utils import VideoMetadata
+from transformers.video_utils import VideoMetadata, make_batched_videos
 
 from ..errors import InvalidMediaError
 from .image_processing import check_not_rescaled, check_square_size, patch_grid, patchify, resize_and_pad
@@ -48,10 +48,29 @@ class MoonViTVideoProcessorKwargs(VideosKwargs, total=False):
     max_frames: int
 
 
-def _is_file_input(videos: Any) -> bool:
+def fspath_videos(videos: Any) -> Any:
+    """`os.PathLike` entries (nested lists allowed) as `str`, which transformers' video helpers understand."""
+    if isinstance(videos, os.PathLike):
+        return os.fspath(videos)
     if isinstance(videos, (list, tuple)):
-        return len(videos) > 0 and all(isinstance(v, (str, os.PathLike)) for v in videos)
+        return [fspath_videos(v) for v in videos]
+    return videos
+
+
+def _has_file(videos: Any) -> bool:
+    """Whether `videos` is, or (nested lists allowed) holds, a video file source (a path or a `file://` URL)."""
+    if isinstance(videos, (list, tuple)):
+        return any(_has_file(v) for v in videos)
     return isinstance(videos, (str, os.PathLike))
+
+
+def _join(values: list[Any]) -> Any:
+    """One output key of several `preprocess` calls, concatenated along the first axis (tensors, arrays, lists)."""
+    if isinstance(values[0], torch.Tensor):
+        return torch.cat(values)
+    if isinstance(values[0], np.ndarray):
+        return np.concatenate(values)
+    return [x for value in values for x in value]
 
 
 def _check_frames(videos: Any) -> None:
@@ -94,20 +113,35 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
     model_input_names = ["pixel_values_videos", "video_grid_thw", "num_chunks_per_video"]
 
     def preprocess(self, videos: Any, **kwargs: Any) -> BatchFeature:
-        """Process one video or a list of videos: file paths / `file://` URLs, or decoded frames."""
-        if _is_file_input(videos):
+        """Process one video or a list of videos (per-sample lists allowed): file paths / `file://` URLs, decoded
+        frames, or a mix of both."""
+        if _has_file(videos):
+            videos = make_batched_videos(fspath_videos(videos))  # one flat list: [[a], [b, c]] -> [a, b, c]
+            if not all(isinstance(v, str) for v in videos):
+                return self._preprocess_each(videos, kwargs)
             videos, kwargs["video_metadata"] = self._read_files(videos, kwargs)
             kwargs["do_sample_frames"] = False  # sampled while decoding
         else:
             _check_frames(videos)
         return super().preprocess(videos, **kwargs)
 
-    def _read_files(self, sources: Any, kwargs: dict) -> tuple[list[np.ndarray], list[VideoMetadata]]:
+    def _preprocess_each(self, videos: list[Any], kwargs: dict) -> BatchFeature:
+        """Files mixed with decoded frames: each video processed alone (files read with decord, frames sampled from
+        their own `video_metadata` entry), outputs concatenated in order."""
+        metadata = kwargs.pop("video_metadata", None)
+        outputs = []
+        for i, video in enumerate(videos):
+            own = metadata[i] if isinstance(metadata, (list, tuple)) else metadata
+            extra = {} if own is None or isinstance(video, str) else {"video_metadata": [own]}
+            outputs.append(self.preprocess([video], **kwargs, **extra))
+        return BatchFeature(data={key: _join([out[key] for out in outputs]) for key in outputs[0]})
+
+    def _read_files(self, sources: list[str], kwargs: dict) -> tuple[list[np.ndarray], list[VideoMetadata]]:
         """Decode and sample each file with decord; returns frames `[T, H, W, 3]` and metadata per video."""
         setting = {k: kwargs.get(k, getattr(self, k)) for k in ("do_sample_frames", "fps", "num_frames", "max_frames")}
         sample = setting["do_sample_frames"]
         frames, metadata = [], []
-        for src in [sources] if isinstance(sources, (str, os.PathLike)) else sources:
+        for src in sources:
             clip = load_video(
                 src,
                 fps=setting["fps"] if sample else None,
@@ -199,4 +233,4 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
         return chunks * per_frame // merge**2
 
 
-__all__ = ["MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs"]
+__all__ = ["MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs", "fspath_videos"]

@@ -80,11 +80,17 @@ def test_numpy_greyscale_and_rgba_arrays():
     assert out[0, 0].tolist() == [200, 0, 0] and out[1, 1].tolist() == [255, 255, 255]
 
 
+def test_channels_first_arrays_equal_channels_last():
+    rgba = _noise(5, 7, 4)
+    for hwc in (rgba[:, :, :1], rgba[:, :, :3], rgba):
+        np.testing.assert_array_equal(np.asarray(load_image(hwc.transpose(2, 0, 1))), np.asarray(load_image(hwc)))
+
+
 @pytest.mark.parametrize(
     "array, problem",
     [
         (np.zeros((4, 4, 3), np.float32), "dtype float32"),
-        (np.zeros((4, 4, 2), np.uint8), "shape (4, 4, 2)"),
+        (np.zeros((5, 4, 2), np.uint8), "shape (5, 4, 2)"),
         (np.zeros((2, 4, 4, 3), np.uint8), "shape (2, 4, 4, 3)"),
         (np.zeros((0, 5, 3), np.uint8), "zero size"),
     ],
@@ -129,6 +135,14 @@ def test_alpha_modes_composite_over_white():
 
     la = Image.new("LA", (1, 1), (40, 0))
     assert np.asarray(to_rgb(la)).tolist() == [[[255, 255, 255]]]
+
+
+def test_premultiplied_alpha_modes_composite_like_straight_alpha():
+    la = Image.new("LA", (2, 1), (90, 255))
+    la.putpixel((1, 0), (90, 0))
+    rgba = la.convert("RGBA")
+    for straight, premultiplied in ((la, la.convert("La")), (rgba, rgba.convert("RGBa"))):
+        assert np.asarray(to_rgb(premultiplied)).tolist() == np.asarray(to_rgb(straight)).tolist()
 
 
 def test_palette_with_transparency_and_rgba_palette():
@@ -182,6 +196,12 @@ def test_missing_directory_empty_and_remote_sources(tmp_path):
         load_image("https://example.com/cat.png")
     with pytest.raises(InvalidMediaError, match="must point to this machine"):
         load_image("file://otherhost/cat.png")
+
+
+def test_a_name_too_long_for_the_filesystem_is_refused_as_media():
+    for load in (load_image, load_video):
+        with pytest.raises(InvalidMediaError, match="not a usable path"):
+            load("A" * 5000)  # e.g. a bare base64 payload: ENAMETOOLONG, not a plain OSError
 
 
 def test_truncated_image_names_file(tmp_path):

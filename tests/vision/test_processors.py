@@ -86,6 +86,14 @@ def test_image_parity_batch_settings_and_paths(image_pair, tmp_path):
     assert_same(configured(images), ref(images, **kwargs), ["pixel_values", "image_grid_thw"])
 
 
+def test_numpy_layouts_equal_a_list_of_channels_last_arrays(image_pair):
+    ours, _ = image_pair
+    batch = np.stack([_noise(30, 45, seed=0), _noise(30, 45, seed=1)])
+    expected = ours(list(batch), return_tensors="pt")
+    for images in (batch, batch.transpose(0, 3, 1, 2), list(batch.transpose(0, 3, 1, 2))):
+        assert_same(ours(images, return_tensors="pt"), expected, ["pixel_values", "image_grid_thw"])
+
+
 def test_padding_is_black_and_normalised_to_minus_one():
     processor = MoonViTImageProcessor(**KIMI_SETTINGS)
     out = processor(Image.new("RGB", (15, 15), (255, 255, 255)), return_tensors="pt")
@@ -212,6 +220,18 @@ def test_video_file_matches_decoded_frames(video_pair, tmp_path):
 
     by_fps = ours([path, path.as_uri()], return_tensors="pt")  # default: 2 fps over 2 s -> 4 frames
     assert by_fps["num_chunks_per_video"].tolist() == [1, 1] and by_fps["video_grid_thw"][:, 0].tolist() == [4, 4]
+
+
+def test_video_files_mixed_with_frames_and_per_sample_lists(video_pair, tmp_path):
+    ours, _ = video_pair
+    path = write_video(tmp_path / "clip.mp4", flat_frames(6, 32, 48), fps=6)
+    frames = load_video(path).frames
+    files = ours([path, path], num_frames=3, return_metadata=True, return_tensors="pt")
+    metadata = [None, {"total_num_frames": 6, "fps": 6.0}]  # a file's own entry is not needed
+    for videos in ([path, frames], [[path], [frames]], [[path], [str(path)]]):
+        out = ours(videos, num_frames=3, video_metadata=metadata, return_metadata=True, return_tensors="pt")
+        assert_same(out, files, ["pixel_values_videos", "video_grid_thw", "num_chunks_per_video"])
+        assert [list(m.frames_indices) for m in out["video_metadata"]] == [[0, 2, 4], [0, 2, 4]]
 
 
 def test_video_errors(video_pair, tmp_path):
