@@ -22,14 +22,17 @@ embeddings and the head goes to Muon; the router is a hidden linear map, not a g
 class: a new parameter kind declares its route.
 
 QK-Clip (Kimi K2) acts on every `QKClipTarget` module (`kimi_vl.optim_contract`; MLA and MoonViT attention, the
-latter only with `qk_clip_vision=True`, the default). The optimizer switches on their `record_max_logits`; each
-forward folds its per-head max pre-softmax logit (scale included, masked pairs and cross-segment pairs never
-count) into the module's `max_logits`, so the maxima accumulate over every forward since the previous step
-(gradient-accumulation micro-batches). After the update, `qk_clip()` gathers all targets' maxima into one flat
-vector, all-reduces it with MAX when torch.distributed is initialised (one collective for the whole model, so every
-rank computes the same gamma and clips identically; a module that did not run on some rank contributes -inf
-there), and for each head with `S_h > tau` sets `gamma_h = tau / S_h`; the module's `qk_clip_row_scales(gamma)`
-names the query/key rows to scale, and the optimizer scales them (`scale_rows_`, sharded weights included):
+latter only with `qk_clip_vision=True`, the default); the query/key weights of a frozen one (`requires_grad=False`
+at construction and not added with `add_param_group`, e.g. a frozen vision tower) are left alone, like every
+parameter the optimizer does not hold (its max logits are still reported), and an attention with only some of them
+trained is refused (`ConfigError`). The optimizer switches on their `record_max_logits`; each forward folds its
+per-head max pre-softmax logit (scale included, masked pairs and cross-segment pairs never count) into the module's
+`max_logits`, so the maxima accumulate over every forward since the previous step (gradient-accumulation
+micro-batches). After the update, `qk_clip()` gathers all targets' maxima into one flat vector, all-reduces it with
+MAX when torch.distributed is initialised (one collective for the whole model, so every rank computes the same gamma
+and clips identically; a module that did not run on some rank contributes -inf there), and for each head with
+`S_h > tau` sets `gamma_h = tau / S_h`; the module's `qk_clip_row_scales(gamma)` names the query/key rows to scale,
+and the optimizer scales them (`scale_rows_`, sharded weights included):
 - MLA: head h's q_nope and k_nope rows by `sqrt(gamma_h)`, its q_pe rows by `gamma_h`; the shared rotary key,
   values, `o_proj` and the down-projections untouched, so every logit of head h scales by exactly `gamma_h`.
 - MHA (MoonViT's fused `qkv`): head h's query and key rows of the weight and the bias by `sqrt(gamma_h)`.
@@ -104,10 +107,11 @@ class MuonClip(torch.optim.Optimizer):
         qk_clip_tau: the max-logit threshold; None disables QK-Clip (and max-logit recording).
         qk_clip_vision: also record and clip the heads of targets in group "vision" (the vision encoder).
 
-    `param_groups` hold a `kind` field ("muon" / "adamw"); `routing()` maps parameter names to kinds;
-    `attention_modules` maps module names to the clipped `QKClipTarget`s; `last_max_logits` maps each of them to
-    its per-head max logit `[num_heads]` (fp32, on the CPU; before clipping, over micro-batches and ranks) of the
-    last step; modules that ran in no forward since the previous step are absent.
+    `param_groups` hold a `kind` field ("muon" / "adamw"; `add_param_group` needs it); `routing()` maps the
+    constructor's parameter names to kinds; `attention_modules` maps module names to the recorded `QKClipTarget`s
+    (clipped unless their query/key weights are frozen); `last_max_logits` maps each of them to its per-head max
+    logit `[num_heads]` (fp32, on the CPU; before clipping, over micro-batches and ranks) of the last step; modules
+    that ran in no forward since the previous step are absent.
     """
 
     def __init__(
@@ -131,6 +135,10 @@ class MuonClip(torch.optim.Optimizer):
             raise ConfigError(f"ns_steps must be in [1, 99], got {ns_steps}.")
         if qk_clip_tau is not None and not qk_clip_tau > 0:
             raise ConfigError(f"qk_clip_tau must be positive (or None to disable QK-Clip), got {qk_clip_tau}.")
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"MuonClip takes the model (an nn.Module), got {type(model).__name__}: it routes the "
+                              f"parameters by the modules that own them and finds the attention modules QK-Clip "
+                              f"acts on, so pass MuonClip(model, lr), not model.parameters().")
         self._routing = route_parameters(model)
         named = dict(model.named_parameters())
         groups = []
@@ -152,7 +160,56 @@ class MuonClip(torch.optim.Optimizer):
                 module.max_logits = None
                 if clipped:
                     self.attention_modules[name] = module
+        held = self._held_ids()
+        for name, module in self.attention_modules.items():  # a partly frozen attention is refused now, not mid-run
+            self._holds_query_key(name, module.qk_clip_row_scales(torch.ones(module.num_heads)), held)
         self.last_max_logits: dict[str, torch.Tensor] = {}
+
+    def _held_ids(self) -> set[int]:
+        """The ids of the parameters this optimizer holds (every group, `add_param_group`'s included)."""
+        return {id(p) for group in self.param_groups for p in group["params"]}
+
+    @staticmethod
+    def _holds_query_key(name: str, row_scales: list[tuple[torch.Tensor, torch.Tensor]], held: set[int]) -> bool:
+        """Whether this optimizer holds (`held`: the ids of its parameters) every parameter of `row_scales`, what
+        module `name`'s `qk_clip_row_scales` returned: True if all, False if none (a frozen attention, which QK-Clip
+        leaves alone: an optimizer changes no parameter it does not hold; `add_param_group` may add them later).
+
+        Raises:
+            ConfigError: it holds only some; scaling those alone would not scale the head's logits by gamma.
+        """
+        holds = [id(p) in held for p, _ in row_scales]
+        if all(holds):
+            return True
+        if not any(holds):
+            return False
+        raise ConfigError(f"QK-Clip scales the query and key weights of {name or 'the model'} together, but the "
+                          f"optimizer trains only {sum(holds)} of its {len(holds)}: make all of them trainable (or "
+                          f"add them all with add_param_group) or freeze all of them (QK-Clip then leaves that "
+                          f"attention alone), or build MuonClip with qk_clip_tau=None (qk_clip_vision=False for a "
+                          f"vision attention).")
+
+    def add_param_group(self, param_group: dict) -> None:
+        """`torch.optim.Optimizer.add_param_group` (e.g. for adapters added after construction): the group names its
+        update rule, `kind="muon"` (matrices `[..., out, in]`, each trailing matrix its own Muon matrix) or
+        `kind="adamw"`; its other settings default to the constructor's.
+
+        Raises:
+            ConfigError: no or an unknown `kind`, or a `"muon"` parameter that is not a matrix.
+        """
+        kind = param_group.get("kind")
+        if kind not in ("muon", "adamw"):
+            raise ConfigError(f"a MuonClip parameter group needs kind='muon' (hidden matrices) or kind='adamw' "
+                              f"(embeddings, heads, gains, biases), got kind={kind!r}; e.g. "
+                              f"opt.add_param_group({{'params': params, 'kind': 'muon'}}).")
+        params = param_group["params"]
+        params = [params] if isinstance(params, torch.Tensor) else list(params)  # may be a one-shot iterator
+        if kind == "muon":
+            shapes = [tuple(p.shape) for p in (q[1] if isinstance(q, tuple) else q for q in params) if p.ndim < 2]
+            if shapes:
+                raise ConfigError(f"kind='muon' takes matrices [..., out, in], got parameters of shapes {shapes}; "
+                                  f"put them in a kind='adamw' group.")
+        super().add_param_group({**param_group, "params": params})
 
     def __getstate__(self) -> dict:
         # torch.optim.Optimizer keeps only defaults/state/param_groups; `copy.deepcopy((model, opt))` must also
@@ -212,10 +269,10 @@ class MuonClip(torch.optim.Optimizer):
                 orth = shard_like(zeropower_via_newtonschulz(update.full_tensor(), group["ns_steps"]), p)
                 self._apply_muon(p, orth, lr, wd)
             else:
-                same_shape[(update.shape, update.dtype)].append((p, update))
-        # Matrices of one shape share a batched Newton-Schulz (each still its own matrix: the same values) in
-        # batches of at most NS_BATCH_ELEMENTS elements: fewer, larger kernel calls for small models (21 instead of
-        # 65 for the tiny preset), one matrix at a time, as before, for large ones (no stacked copy of them).
+                same_shape[(update.shape, update.dtype, update.device)].append((p, update))
+        # Matrices of one shape, dtype and device share a batched Newton-Schulz (each still its own matrix: the same
+        # values) in batches of at most NS_BATCH_ELEMENTS elements: fewer, larger kernel calls for small models (21
+        # instead of 65 for the tiny preset), one matrix at a time, as before, for large ones (no stacked copy).
         for pairs in same_shape.values():
             per_batch = max(1, NS_BATCH_ELEMENTS // pairs[0][1].numel())
             for start in range(0, len(pairs), per_batch):
@@ -271,6 +328,7 @@ class MuonClip(torch.optim.Optimizer):
                 chunk.copy_(module.max_logits)
             module.max_logits = None
         flat = all_reduce_max(flat).cpu()
+        held = None  # ids of the parameters this optimizer holds, once a head needs clipping
         for (name, module), s in zip(modules, flat.split(sizes)):
             if bool((s == float("-inf")).all()):  # ran in no forward on any rank
                 continue
@@ -278,6 +336,10 @@ class MuonClip(torch.optim.Optimizer):
             if tau is None or not bool((s > tau).any()):
                 continue
             gamma = torch.where(s > tau, tau / s, torch.ones_like(s))
-            for param, rows in module.qk_clip_row_scales(gamma):
-                scale_rows_(param, rows)
+            row_scales = module.qk_clip_row_scales(gamma)
+            if held is None:
+                held = self._held_ids()
+            if self._holds_query_key(name, row_scales, held):
+                for param, rows in row_scales:
+                    scale_rows_(param, rows)
 

@@ -20,7 +20,7 @@ from kimi_vl.optim_contract import ADAMW, MUON, MUON_BATCHED, QKClipTarget, para
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.text.mla import MultiHeadLatentAttention
 from kimi_vl.text.moe import Experts
-from kimi_vl.training import MuonClip, zeropower_via_newtonschulz
+from kimi_vl.training import MuonClip, route_parameters, zeropower_via_newtonschulz
 from kimi_vl.vision import MoonViTConfig
 from kimi_vl.vision.moonvit import MoonViTAttention, MoonViTRotaryEmbedding, build_layout
 from tests.test_modeling import IMG, image, sample, tiny_vl
@@ -108,6 +108,54 @@ def test_same_shape_matrices_orthogonalised_together_equal_one_at_a_time(monkeyp
         alone = run([nn.Parameter(layer.weight.detach().clone())], [i])[0]
         assert not torch.equal(alone, layer.weight)
         torch.testing.assert_close(together[i], alone, rtol=1e-6, atol=1e-7)
+
+
+def test_same_shape_matrices_on_different_devices_are_orthogonalised_apart():
+    """A model split over devices (`device_map`, offloading): same-shape matrices on two devices are not stacked
+    into one batched Newton-Schulz (the meta device stands in for a second device on a CPU-only machine)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 6, bias=False), nn.Linear(6, 6, bias=False))
+    alone = copy.deepcopy(model[0])
+    model[1].to("meta")
+    grad = torch.randn(6, 6)
+    model[0].weight.grad, alone.weight.grad = grad.clone(), grad.clone()
+    model[1].weight.grad = torch.empty(6, 6, device="meta")
+    MuonClip(model, lr=0.02).step()
+    MuonClip(alone, lr=0.02).step()
+    assert torch.equal(model[0].weight, alone.weight)
+
+
+def test_add_param_group_for_adapters_added_after_construction():
+    """LoRA-style matrices added after the optimizer was built: `add_param_group` with a `kind` gives them the
+    updates they get when routed at construction; a group without a kind, or a vector in a Muon group, is refused
+    with a ConfigError."""
+    torch.manual_seed(0)
+    base = nn.Linear(8, 8)
+    lora = nn.Sequential(nn.Linear(8, 2, bias=False), nn.Linear(2, 8, bias=False))
+    ref = copy.deepcopy(nn.ModuleList([base, lora]))
+    opt = MuonClip(base, lr=0.02)
+    with pytest.raises(ConfigError, match="kind"):
+        opt.add_param_group({"params": lora.parameters()})
+    with pytest.raises(ConfigError, match=r"\(8,\)"):
+        opt.add_param_group({"params": [base.bias], "kind": "muon"})
+    opt.add_param_group({"params": lora.parameters(), "kind": "muon"})  # a one-shot iterator, as in torch
+    assert [g["kind"] for g in opt.param_groups] == ["muon", "adamw", "muon"]
+    assert opt.param_groups[2]["lr"] == 0.02 and len(opt.param_groups[2]["params"]) == 2
+    ref_opt = MuonClip(ref, lr=0.02)
+    x = torch.randn(4, 8)
+    for _ in range(2):
+        for (b, a), o in (((base, lora), opt), ((ref[0], ref[1]), ref_opt)):
+            (b(x) + a(x)).pow(2).mean().backward()
+            o.step()
+            o.zero_grad()
+    for p, q in zip([*base.parameters(), *lora.parameters()], ref.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-7)
+
+
+def test_parameters_instead_of_the_model_raise_config_error():
+    model = nn.Linear(4, 4)
+    with pytest.raises(ConfigError, match="MuonClip\\(model, lr\\)"):
+        MuonClip(model.parameters(), lr=1e-3)
 
 
 def test_adamw_group_equals_torch_adamw():
@@ -625,6 +673,42 @@ def test_vision_qk_clip_is_configurable_and_vision_routing():
     MuonClip(model, lr=1e-3, qk_clip_tau=None)
     assert not any(getattr(m, "record_max_logits", False) for m in model.modules())
     assert (ids == IMG).any()
+
+
+def test_a_frozen_attention_is_not_clipped_until_added_and_a_partly_frozen_one_is_refused():
+    """An optimizer changes only the parameters it holds: QK-Clip leaves a frozen vision tower's `qkv` alone (its
+    max logits are still reported) and clips the trained text attention; once the tower is unfrozen and added with
+    `add_param_group` (torch's progressive-unfreezing use), it is clipped too."""
+    model = tiny_vl()
+    model.vision_tower.requires_grad_(False)
+    opt = MuonClip(model, lr=0.0, qk_clip_tau=1e-3)  # every recorded head clips; only QK-Clip changes weights
+    tower = {n: p.detach().clone() for n, p in model.vision_tower.named_parameters()}
+    mla = model.language_model.model.layers[3].self_attn
+    kv_b = mla.kv_b_proj.weight.detach().clone()
+    (pa, ga) = image(4, 4)
+    ids = torch.tensor([sample([3, 4], [ga], [6, 7, 8])])
+
+    def step():
+        model.train()(ids, pixel_values=pa, image_grid_thw=torch.tensor([ga]), labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+    step()
+    assert all(torch.equal(p, tower[n]) for n, p in model.vision_tower.named_parameters())
+    assert sorted(opt.last_max_logits) == sorted(opt.attention_modules) and len(opt.attention_modules) == 3
+    assert not torch.equal(mla.kv_b_proj.weight, kv_b)  # the text attention's k_nope rows clipped
+    model.vision_tower.requires_grad_(True)
+    routes = route_parameters(model.vision_tower)
+    for kind in ("muon", "adamw"):
+        opt.add_param_group({"params": [p for n, p in model.vision_tower.named_parameters() if routes[n] == kind],
+                             "kind": kind})
+    step()
+    qkv = model.vision_tower.layers[0].attn.qkv.weight
+    assert not torch.equal(qkv, tower["layers.0.attn.qkv.weight"])
+    mla.kv_b_proj.requires_grad_(False)  # q trained, k frozen: clipping q alone would not scale the logits by gamma
+    with pytest.raises(ConfigError, match="language_model.model.layers.3.self_attn"):
+        MuonClip(model, lr=1e-3)
+    assert MuonClip(model, lr=1e-3, qk_clip_tau=None).attention_modules == {}
 
 
 # ---------------------------------------------------------------- any QK-Clip target
