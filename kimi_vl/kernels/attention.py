@@ -128,6 +128,8 @@ def max_logits(
     rows = min(T, max(1, MAX_LOGIT_BLOCK_ELEMENTS // max(1, heads * L)))  # query rows per block
     batch = max(1, MAX_LOGIT_BLOCK_ELEMENTS // max(1, heads * rows * L))  # batch elements per block
     out = torch.full((heads,), float("-inf"), device=q.device)
+    if T == 0 or L == 0:  # no query or no key: no attended pair
+        return out
     for b0 in range(0, B, batch):
         kt = k[b0 : b0 + batch].mT
         for r0 in range(0, T, rows):

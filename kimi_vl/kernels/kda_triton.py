@@ -81,6 +81,8 @@ def _dot_precision(dtype: torch.dtype) -> str:
 
 def _offsets_tensor(offsets: list[int] | None, B: int, T: int, device: torch.device) -> torch.Tensor:
     if offsets is None:  # made on the device: a copy from a list would wait for the stream (each decode step)
+        if T == 0:  # B empty sequences (arange's step cannot be 0)
+            return torch.zeros(B + 1, dtype=torch.int32, device=device)
         return torch.arange(0, (B + 1) * T, T, dtype=torch.int32, device=device)
     return torch.tensor(offsets, dtype=torch.int32, device=device)
 

@@ -89,3 +89,12 @@ def test_bf16_autocast_returns_qs_dtype(lengths):
         out = packed_attention(q, k, v, cu)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out, dense_reference(q, k, v, lengths), rtol=0.05, atol=0.05)
+
+
+@pytest.mark.parametrize(("T", "L"), [(0, 3), (3, 0), (0, 0)])
+def test_max_logits_without_queries_or_keys_is_minus_inf(T, L):
+    """No query or no key means no attended pair: every head's max logit is -inf, as documented."""
+    from kimi_vl.kernels import max_logits
+
+    out = max_logits(torch.randn(2, 3, T, 4), torch.randn(2, 3, L, 4), 0.5)
+    assert out.shape == (3,) and bool((out == float("-inf")).all())

@@ -231,6 +231,20 @@ def case_odd_dims(device):
         _assert_close({"o": o, "ht": ht}, ref, names=("o", "ht"))
 
 
+def case_empty_time_axis(device):
+    """T = 0 (the ops take any T): empty outputs and the initial states back, as the torch paths give, with and
+    without packed (all empty) sequences."""
+    def go():
+        for B, cu in ((2, None), (1, torch.tensor([0, 0, 0], dtype=torch.int32, device=device))):
+            q, k, v, g, beta, h0 = _inputs(device, 0, 16, B=B, n_state=2)
+            for fn in (kda_mod.chunk_kda, kda_mod.fused_recurrent_kda):
+                o, ht = fn(q, k, v, g, beta, initial_state=h0, output_final_state=True, cu_seqlens=cu)
+                assert o.shape == (B, 0, 2, 16)
+                torch.testing.assert_close(ht, h0, rtol=0, atol=0)
+
+    _triton_env(go)
+
+
 def case_bf16(device):
     from kimi_vl.kernels.kda_triton import chunk_kda_triton, fused_recurrent_kda_triton
 
@@ -321,6 +335,10 @@ def test_chunk_hard_reset_gates_stay_finite():
 
 def test_chunk_odd_head_dims():
     _run_case("case_odd_dims")
+
+
+def test_empty_time_axis():
+    _run_case("case_empty_time_axis")
 
 
 def test_bf16_inputs():

@@ -54,3 +54,18 @@ def test_the_triton_chunk_layout_is_copied_once_per_offsets_list():
     assert all(t.storage_offset() * t.element_size() % 16 == 0 for t in (cu, chunks, first))
     assert all(a is b for a, b in zip(_chunk_layout(offsets, torch.device("cpu")), (cu, chunks, first)))
     assert _chunk_layout(list(offsets), torch.device("cpu"))[0] is not cu
+
+
+def test_offsets_made_under_inference_mode_are_read_each_time():
+    """Inference tensors have no version counter: `cu_seqlens` built under `torch.inference_mode` (as the vision
+    tower builds its pack inside the forward) is read, and read again after an in-place change, never cached."""
+    from kimi_vl.kernels import chunk_kda
+
+    with torch.inference_mode():
+        cu = torch.tensor([0, 2, 5])
+        assert host_offsets(cu) == [0, 2, 5]
+        cu[1] = 3
+        assert host_offsets(cu) == [0, 3, 5]
+        q = torch.randn(1, 5, 1, 4)
+        o, _ = chunk_kda(q, q, q, -torch.ones_like(q), torch.ones(1, 5, 1), cu_seqlens=cu)
+    assert o.shape == (1, 5, 1, 4)
