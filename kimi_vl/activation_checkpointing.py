@@ -22,8 +22,9 @@ def run_checkpointed(module: nn.Module, fn: Callable[..., Any], *args: Any) -> A
     `activation_checkpointing_enable(...)` gave it (non-reentrant `torch.utils.checkpoint` when set by hand), so that
     `fn`'s intermediates are recomputed in the backward pass instead of kept. Tensors that need gradients inside
     list or tuple arguments reach the checkpoint as arguments of their own: the reentrant variant
-    (`use_reentrant=True`) sees only those, and would otherwise cut the gradient through them."""
-    if module.gradient_checkpointing and module.training:
+    (`use_reentrant=True`) sees only those, and would otherwise cut the gradient through them. Without gradients
+    (`torch.no_grad`, e.g. `generate` in train mode) there is nothing to recompute: `fn` runs plainly."""
+    if module.gradient_checkpointing and module.training and torch.is_grad_enabled():
         checkpoint = getattr(module, "_gradient_checkpointing_func", _checkpoint)
         if not any(_holds_grad_tensors(a) for a in args if isinstance(a, (list, tuple))):
             return checkpoint(fn, *args)

@@ -23,6 +23,8 @@ class KimiVLConfig(PretrainedConfig):
         projector_layer_norm_eps: eps of the projector's LayerNorm over each patch.
         vision_start_token_id, vision_end_token_id: ids of `<|media_start|>` / `<|media_end|>`, the tokens around
             each media's placeholders (informational: carried over from `kimi_k25` checkpoints, None otherwise).
+        tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id: default `text_config`'s; a value given here is
+            written into `text_config` too (the language model ties its LM head and tells padding by its own config).
     """
 
     model_type = "kimi_vl"
@@ -51,9 +53,11 @@ class KimiVLConfig(PretrainedConfig):
         self.projector_layer_norm_eps = projector_layer_norm_eps
         self.vision_start_token_id = vision_start_token_id
         self.vision_end_token_id = vision_end_token_id
-        kwargs.setdefault("tie_word_embeddings", self.text_config.tie_word_embeddings)
-        for name in ("pad_token_id", "bos_token_id", "eos_token_id"):
-            kwargs.setdefault(name, getattr(self.text_config, name))
+        for name in ("tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id"):
+            if name in kwargs:  # the language model ties its head and finds padding by its own config: set it there
+                setattr(self.text_config, name, kwargs[name])
+            else:
+                kwargs[name] = getattr(self.text_config, name)
         super().__init__(**kwargs)
         for name in ("image_token_id", "video_token_id"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:

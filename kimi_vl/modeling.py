@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule
 from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import can_return_tuple
 
 from .configuration import KimiVLConfig
 from .errors import ShapeError
@@ -118,11 +120,25 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         video_grid_thw: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Token embeddings `[B, T, hidden]` with the media tokens written over their placeholders (placeholder ids
-        are never looked up: they may lie outside the vocabulary)."""
+        are never looked up: they may lie outside the vocabulary).
+
+        Under FSDP2 (`fully_shard`) every rank gathers and reduces the vision tower's shards together, in every
+        forward and backward: a kind of media (image, video) this call lacks runs on one blank grid and adds exactly
+        zero, so the tower runs as often on every rank whatever its data (a text-only batch or rollout share)."""
         media = [(self.config.image_token_id, pixel_values, image_grid_thw),
                  (self.config.video_token_id, pixel_values_videos, video_grid_thw)]
-        return fuse_media(self.get_input_embeddings(), input_ids, media, self.media_features)
+        embeds = fuse_media(self.get_input_embeddings(), input_ids, media, self.media_features)
+        if isinstance(self, FSDPModule):
+            v = self.config.vision_config
+            kh, kw = v.merge_kernel_size
+            for _, pixels, _ in media:
+                if pixels is None:
+                    blank = embeds.new_zeros(kh * kw, 3, v.patch_size, v.patch_size)
+                    grid = torch.tensor([[1, kh, kw]], device=embeds.device)
+                    embeds = embeds + 0 * self.media_features(blank, grid).sum()
+        return embeds
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -160,6 +176,6 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
                                                input_ids.shape[1])
         return self.language_model(
             inputs_embeds=inputs_embeds, attention_mask=attention_mask, cache=cache,
-            labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, **kwargs,
+            labels=labels, use_cache=use_cache, logits_to_keep=logits_to_keep, return_dict=True, **kwargs,
         )
 

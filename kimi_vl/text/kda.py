@@ -55,18 +55,42 @@ class KimiDeltaAttention(nn.Module):
         cache: KimiHybridCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """x `[B, T, hidden]`; padding_mask `[B, T]` (1 = token, 0 = pad; pads are zeroed so they never enter
-        the conv or the state); cu_seqlens `[N+1]` for packed independent sequences (B = 1)."""
-        B, T, _ = x.shape
-        h, d = self.num_heads, self.head_dim
-        if padding_mask is not None:
-            x = x * padding_mask[..., None].to(x.dtype)
+        """x `[B, T, hidden]`; padding_mask `[B, T]` (1 = token, 0 = pad; pads never enter the conv or the state,
+        and their outputs are zeros); cu_seqlens `[N+1]` for packed independent sequences (B = 1).
 
-        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
-        conv_w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
+        Left padding before the first state (a prompt) and right padding without a cache are zeroed in place: a
+        zero input changes nothing there. Any other padding (pads between tokens, before tokens that continue a
+        cached state, or after tokens whose state the cache keeps) takes each row's tokens out of the padding and
+        runs them as packed sequences, continuing the rows' cached states and conv tails."""
+        B, T, _ = x.shape
         state = tail = None
         if cache is not None:
             state, tail = cache.recurrent_states[self.layer_idx], cache.conv_tails[self.layer_idx]
+        if padding_mask is None:
+            return self._mix(x, state, tail, cache, cu_seqlens)
+        keep = padding_mask.bool()
+        rises, falls = torch.stack([(keep[:, 1:] > keep[:, :-1]).any(), (keep[:, 1:] < keep[:, :-1]).any()]).tolist()
+        if state is None and (not falls or (cache is None and not rises)):
+            return self._mix(x * padding_mask[..., None].to(x.dtype), state, tail, cache, cu_seqlens)
+        packed_cu = F.pad(keep.sum(1).cumsum(0), (1, 0))  # [B + 1]: row b's tokens are packed sequence b
+        out = self._mix(x[keep][None], state, tail, cache, packed_cu)
+        return out.new_zeros(B, T, out.shape[-1]).masked_scatter(keep[..., None], out)
+
+    def _mix(
+        self,
+        x: torch.Tensor,
+        state: torch.Tensor | None,
+        tail: torch.Tensor | None,
+        cache: KimiHybridCache | None,
+        cu_seqlens: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The layer on unpadded `x [B, T, hidden]` from the cached `state [N, H, Dk, Dv]` and conv `tail`
+        `[N, 3*H*Dk, kernel-1]` (or None), N = B or the `cu_seqlens` `[N+1]` sequences; stores the new ones in
+        `cache` when given."""
+        B, T, _ = x.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = torch.cat([self.q_proj(x), self.k_proj(x), self.v_proj(x)], dim=-1)
+        conv_w = torch.cat([self.q_conv1d.weight, self.k_conv1d.weight, self.v_conv1d.weight]).squeeze(1)
         qkv, new_tail = causal_conv1d(
             qkv, conv_w, tail=tail, cu_seqlens=cu_seqlens, activation="silu", output_tail=cache is not None
         )

@@ -9,6 +9,7 @@ from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.utils import can_return_tuple
 
 from ..activation_checkpointing import run_checkpointed
 from ..errors import ConfigError, ShapeError
@@ -175,6 +176,7 @@ class KimiTextModel(KimiTextPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.embed_tokens = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -186,7 +188,6 @@ class KimiTextModel(KimiTextPreTrainedModel):
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         token_mask: torch.Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
@@ -214,7 +215,8 @@ class KimiTextModel(KimiTextPreTrainedModel):
             )
         if use_cache is None:  # a cache is for inference: training forwards do not build one unless asked
             use_cache = self.config.use_cache and not self.training
-        if use_cache and self.gradient_checkpointing and self.training:
+        if use_cache and self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            # (without gradients nothing is recomputed: `generate` in train mode, as TRL's trainers call it, works)
             raise ConfigError("use_cache=True cannot be combined with gradient checkpointing during training "
                              "(recomputation would append to the cache twice); pass use_cache=False.")
         if use_cache and cache is None and cu_seqlens is None:
@@ -327,6 +329,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.lm_head = value
 
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -339,35 +342,43 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        return_dict: bool | None = None,
         logits_to_keep: int = 0,
         loss_normalisation: str = "token",
         token_mask: torch.Tensor | None = None,
         return_logits: bool = True,
+        num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Next-token logits `[B, T, vocab]` (the last `logits_to_keep` positions when set) and, with `labels`, the
         loss (`causal_lm_loss`; `loss_normalisation="document"` weighs every packed sequence of `cu_seqlens`
         equally). `return_logits=False` (the trainer's forwards) with `labels`: when the logits would exceed
-        `LOSS_CHUNK_ELEMENTS`, the loss comes from `chunked_causal_lm_loss` and `logits` is None."""
+        `LOSS_CHUNK_ELEMENTS`, the loss comes from `chunked_causal_lm_loss` and `logits` is None.
+
+        `num_items_in_batch`: the targets of the whole accumulated (and distributed) batch, which transformers'
+        `Trainer` passes to models that take `**kwargs`: the loss is then the sum of this micro-batch's token losses
+        divided by it, so that the accumulated gradient is that of the global token mean.
+
+        `return_dict=False` (or `config.return_dict=False`) returns the output's `to_tuple()`, as transformers'
+        models do."""
         refuse_attention_outputs(kwargs)
         cache = one_cache(cache, past_key_values)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
             cache=cache, inputs_embeds=inputs_embeds, use_cache=use_cache, cu_seqlens=cu_seqlens,
-            output_hidden_states=output_hidden_states, token_mask=token_mask,
+            output_hidden_states=output_hidden_states, token_mask=token_mask, return_dict=True,
         )
         h = out.last_hidden_state
         per_document = loss_normalisation == "document"
         if (labels is not None and not return_logits and not logits_to_keep
                 and h.shape[0] * h.shape[1] * self.lm_head.out_features > LOSS_CHUNK_ELEMENTS):
             loss = chunked_causal_lm_loss(h, self.lm_head, labels, cu_seqlens, per_document=per_document,
-                                          max_elements=LOSS_CHUNK_ELEMENTS)
+                                          max_elements=LOSS_CHUNK_ELEMENTS, num_items_in_batch=num_items_in_batch)
             return CausalLMOutputWithPast(loss=loss, logits=None, cache=out.cache, hidden_states=out.hidden_states)
         logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
         loss = None
         if labels is not None:
-            loss = causal_lm_loss(logits, labels, cu_seqlens, per_document=per_document)
+            loss = causal_lm_loss(logits, labels, cu_seqlens, per_document=per_document,
+                                  num_items_in_batch=num_items_in_batch)
         return CausalLMOutputWithPast(
             loss=loss, logits=logits, cache=out.cache, hidden_states=out.hidden_states
         )
@@ -390,11 +401,12 @@ def real_tokens(
 
 def next_token_targets(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None) -> torch.Tensor:
     """`[B, T - 1]` targets of positions `0 .. T - 2` (`labels[:, 1:]`, -100 = no loss). With `cu_seqlens` (batch
-    1), the last token of each packed sequence does not predict the first token of the next one."""
+    1), the last token of each packed sequence does not predict the first token of the next one (empty sequences
+    at the start of the pack end before any token: they mask nothing)."""
     target = labels[:, 1:].clone()
     if cu_seqlens is not None:
         ends = cu_seqlens[1:-1].long() - 1
-        target[0, ends[ends < target.shape[1]]] = -100
+        target[0, ends[(ends >= 0) & (ends < target.shape[1])]] = -100
     return target
 
 
@@ -413,12 +425,14 @@ def _token_losses(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _reduce_losses(losses: torch.Tensor, target: torch.Tensor, cu_seqlens: torch.Tensor | None,
-                   per_document: bool) -> torch.Tensor:
-    """The loss of per-token `losses` `[N]` against targets `[N]`: their mean over the targets != -100, or (with
-    `per_document`) the mean over the packed sequences that have targets of each one's token mean."""
+                   per_document: bool, num_items_in_batch: int | torch.Tensor | None = None) -> torch.Tensor:
+    """The loss of per-token `losses` `[N]` against targets `[N]`: their mean over the targets != -100 (their sum
+    divided by `num_items_in_batch` when given), or (with `per_document`) the mean over the packed sequences that
+    have targets of each one's token mean."""
     valid = target != -100
     if not per_document:
-        return losses.sum() / valid.sum()  # nan without targets, as F.cross_entropy's mean
+        # nan without targets, as F.cross_entropy's mean
+        return losses.sum() / (valid.sum() if num_items_in_batch is None else num_items_in_batch)
     segment, counts = _document_targets(target, cu_seqlens)
     weights = torch.where(valid, 1.0 / counts.clamp(min=1.0)[segment], torch.zeros_like(losses))
     return (losses * weights).sum() / (counts > 0).sum().clamp(min=1)
@@ -434,11 +448,14 @@ def _document_targets(target: torch.Tensor, cu_seqlens: torch.Tensor) -> tuple[t
 
 
 def _check_loss_inputs(labels: torch.Tensor, shape: torch.Size, cu_seqlens: torch.Tensor | None,
-                       per_document: bool) -> None:
+                       per_document: bool, num_items_in_batch: int | torch.Tensor | None = None) -> None:
     if labels.shape != shape:
         raise ShapeError(f"labels have shape {tuple(labels.shape)}; expected {tuple(shape)}.")
     if per_document and (cu_seqlens is None or labels.shape[0] != 1):
         raise ShapeError("per-document loss normalisation needs packed inputs: batch 1 with cu_seqlens.")
+    if per_document and num_items_in_batch is not None:
+        raise ConfigError("num_items_in_batch divides the summed token losses: it cannot be combined with per-document "
+                          "loss normalisation; pass one of them.")
 
 
 def loss_denominator(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
@@ -455,29 +472,32 @@ def loss_denominator(labels: torch.Tensor, cu_seqlens: torch.Tensor | None = Non
 
 
 def causal_lm_loss(
-    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False
+    logits: torch.Tensor, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *, per_document: bool = False,
+    num_items_in_batch: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Next-token cross-entropy over the `next_token_targets` != -100 (in fp32 or wider): the mean over those
-    tokens, or with `per_document` (needs `cu_seqlens`) the mean over the packed sequences that have targets of each
-    one's token mean (a document with a short answer weighs as much as a long one)."""
-    _check_loss_inputs(labels, logits.shape[:2], cu_seqlens, per_document)
+    tokens (their sum divided by `num_items_in_batch`, the targets of the whole accumulated batch, when given), or
+    with `per_document` (needs `cu_seqlens`) the mean over the packed sequences that have targets of each one's
+    token mean (a document with a short answer weighs as much as a long one)."""
+    _check_loss_inputs(labels, logits.shape[:2], cu_seqlens, per_document, num_items_in_batch)
     target = next_token_targets(labels, cu_seqlens).flatten()
     flat = logits[:, :-1].flatten(0, 1)
-    if not per_document:  # cross_entropy's own mean, as the quickstart's figures were measured with
+    if not per_document and num_items_in_batch is None:  # cross_entropy's own mean, as the quickstart's figures
         return F.cross_entropy(_at_least_fp32(flat), target, ignore_index=-100)
-    return _reduce_losses(_token_losses(flat, target), target, cu_seqlens, per_document)
+    return _reduce_losses(_token_losses(flat, target), target, cu_seqlens, per_document, num_items_in_batch)
 
 
 def chunked_causal_lm_loss(
     hidden: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, cu_seqlens: torch.Tensor | None = None, *,
     per_document: bool = False, max_elements: int = LOSS_CHUNK_ELEMENTS,
+    num_items_in_batch: int | torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`causal_lm_loss(lm_head(hidden), labels, ...)` from the last hidden states `[B, T, hidden]` without holding
     the `[B, T, vocab]` logits: the tokens go through `lm_head` and the cross-entropy in chunks of at most
     `max_elements` logits, each chunk's logits recomputed in the backward instead of kept (activation
     checkpointing). Over 16384 tokens and a 32768-token vocabulary the loss's forward and backward peak at 0.09x the
     memory of the full logits' (6.0 GiB against 0.55 GiB in fp32), in about the same time (`bench/loss_memory.py`)."""
-    _check_loss_inputs(labels, hidden.shape[:2], cu_seqlens, per_document)
+    _check_loss_inputs(labels, hidden.shape[:2], cu_seqlens, per_document, num_items_in_batch)
     target = next_token_targets(labels, cu_seqlens).flatten()
     flat = hidden[:, :-1].flatten(0, 1)
     chunk = max(1, max_elements // lm_head.out_features)
@@ -491,4 +511,4 @@ def chunked_causal_lm_loss(
         if recompute else losses_of(flat[s : s + chunk], target[s : s + chunk])
         for s in range(0, len(target), chunk)
     ])
-    return _reduce_losses(losses, target, cu_seqlens, per_document)
+    return _reduce_losses(losses, target, cu_seqlens, per_document, num_items_in_batch)

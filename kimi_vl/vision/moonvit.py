@@ -269,6 +269,12 @@ class MoonViTModel(MoonViTPreTrainedModel):
         self.gradient_checkpointing = False
         self.post_init()
 
+    def get_input_embeddings(self) -> MoonViTPatchEmbed:
+        """The patch embedding, whose output `[total_patches, hidden]` opens the encoder: transformers'
+        `enable_input_require_grads` hooks it, so that adapters inside a frozen encoder get gradients under
+        reentrant activation checkpointing."""
+        return self.patch_embed
+
     def check_inputs(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> None:
         """Raise `ShapeError` unless `pixel_values` holds exactly the patches that `grid_thw` describes."""
         p = self.config.patch_size

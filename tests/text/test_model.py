@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from kimi_vl.errors import ConfigError, ShapeError
 from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
@@ -80,6 +81,31 @@ def test_left_padded_batch_matches_unpadded_rows():
                          eos_token_id=None)
     alone = model.generate(b, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
     assert torch.equal(out[1, 12:], alone[0])
+
+
+@torch.no_grad()
+def test_padding_before_cached_tokens_or_kept_in_the_cache_matches_unpadded_rows():
+    """Pads a cache outlives (right padding of a prefill, then a decode step) or that come after cached tokens (a
+    left-padded second turn continuing each row's cache) never decay the KDA state or enter the conv tail: every
+    row's logits equal its unpadded run's."""
+    model = tiny_model()
+    a, b = torch.randint(3, 61, (1, 9)), torch.randint(3, 61, (1, 5))
+    ids = torch.cat([a, torch.cat([b, torch.zeros(1, 4, dtype=torch.long)], 1)])
+    mask = (torch.arange(9) < torch.tensor([[9], [5]])).long()
+    cache = KimiHybridCache(model.config)
+    assert (model(ids, attention_mask=mask, cache=cache).logits[1, :5] - model(b).logits[0]).abs().max() < 1e-4
+    step = model(torch.tensor([[7], [8]]), attention_mask=F.pad(mask, (0, 1), value=1), cache=cache).logits
+    assert (step[1, 0] - model(torch.cat([b, torch.tensor([[8]])], 1)).logits[0, -1]).abs().max() < 1e-4
+
+    first, second_a, second_b = torch.randint(3, 61, (2, 6)), torch.randint(3, 61, (1, 4)), torch.randint(3, 61, (1, 2))
+    cache = KimiHybridCache(model.config)
+    model(first, cache=cache)
+    second = torch.cat([second_a, F.pad(second_b, (2, 0))])
+    mask = torch.ones(2, 10, dtype=torch.long)
+    mask[1, 6:8] = 0
+    got = model(second, attention_mask=mask, cache=cache).logits
+    assert (got[0] - model(torch.cat([first[:1], second_a], 1)).logits[0, 6:]).abs().max() < 1e-4
+    assert (got[1, 2:] - model(torch.cat([first[1:], second_b], 1)).logits[0, 6:]).abs().max() < 1e-4
 
 
 @torch.no_grad()
@@ -316,6 +342,19 @@ def test_per_document_loss_weighs_every_packed_sequence_equally():
     torch.testing.assert_close(causal_lm_loss(logits, labels, cu), ce[[0, 2, 4, 5, 6, 7, 8]].mean())
     with pytest.raises(ShapeError, match="packed inputs"):
         causal_lm_loss(logits, labels, per_document=True)
+
+
+def test_empty_packed_sequences_at_the_start_mask_no_target():
+    """A pack may begin with empty sequences (`cu_seqlens` `[0, 0, ...]`): they end before any token, so no target
+    is masked for them (an offset of -1 must not wrap around to the pack's last target)."""
+    from kimi_vl.text.modeling import causal_lm_loss, next_token_targets
+
+    labels = torch.arange(6)[None]
+    assert next_token_targets(labels, torch.tensor([0, 0, 0, 6])).tolist() == [[1, 2, 3, 4, 5]]
+    assert next_token_targets(labels, torch.tensor([0, 0, 3, 6])).tolist() == [[1, 2, -100, 4, 5]]
+    logits = torch.randn(1, 6, 7)
+    torch.testing.assert_close(causal_lm_loss(logits, labels, torch.tensor([0, 0, 6], dtype=torch.int32)),
+                               causal_lm_loss(logits, labels))
 
 
 @pytest.mark.parametrize("per_document", [False, True])
