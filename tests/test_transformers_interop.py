@@ -65,6 +65,39 @@ def test_transformers_trainer_gradient_accumulation_equals_one_big_batch(tmp_pat
 
 
 
+def test_router_balancing_callback_updates_the_biases_under_transformers_trainer(tmp_path):
+    """`Trainer` never calls the aux-loss-free update; `RouterBalancingCallback` moves every router's bias by the rate
+    times sign(mean load - load) of the tokens its accumulated batch routed, once per optimizer step."""
+    from transformers import Trainer, TrainingArguments
+
+    from kimi_vl.training import RouterBalancingCallback
+
+    torch.manual_seed(0)
+    rows = [{"input_ids": ids, "labels": ids} for ids in torch.randint(3, 61, (2, 8))]
+    model = tiny_model().train()
+    for row in rows:  # the loads the step's two micro-batches count (the learning rate is 0: the same forwards)
+        model(row["input_ids"][None])
+    routers = [m for m in model.modules() if hasattr(m, "expert_load")]
+    loads = [r.expert_load.clone() for r in routers]
+
+    def biases(callbacks: list) -> list[torch.Tensor]:
+        for r in routers:
+            r.expert_load.zero_()
+            r.e_score_correction_bias.zero_()
+        args = TrainingArguments(
+            output_dir=str(tmp_path), per_device_train_batch_size=1, gradient_accumulation_steps=2, max_steps=1,
+            learning_rate=0.0, optim="sgd", report_to=[], use_cpu=True, save_strategy="no", disable_tqdm=True,
+        )
+        Trainer(model=model, args=args, train_dataset=rows, callbacks=callbacks).train()
+        return [r.e_score_correction_bias.clone() for r in routers]
+
+    assert all(not b.any() for b in biases([]))
+    callback = RouterBalancingCallback(rate=0.01)
+    for got, load in zip(biases([callback]), loads, strict=True):
+        torch.testing.assert_close(got, 0.01 * torch.sign(load.mean() - load))
+    assert len(callback.balancing.last_loads) == len(routers)
+
+
 @pytest.mark.parametrize("which", ["causal_lm", "backbone", "vl"])
 def test_return_dict_false_returns_transformers_tuple(which):
     """`return_dict=False` (argument or `config.return_dict`) gives the output's `to_tuple()`, as transformers' models

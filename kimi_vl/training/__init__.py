@@ -2,9 +2,10 @@
 
 from .distributed import all_reduce_max, get_rank, get_world_size, init_distributed, is_main_process
 from .muonclip import MuonClip, route_parameters, zeropower_via_newtonschulz
+from .router_balancing import RouterBalancing, RouterBalancingCallback
 from .trainer import TrainConfig, Trainer
 
 __all__ = [
-    "MuonClip", "TrainConfig", "Trainer", "all_reduce_max", "get_rank", "get_world_size", "init_distributed",
-    "is_main_process", "route_parameters", "zeropower_via_newtonschulz",
+    "MuonClip", "RouterBalancing", "RouterBalancingCallback", "TrainConfig", "Trainer", "all_reduce_max", "get_rank",
+    "get_world_size", "init_distributed", "is_main_process", "route_parameters", "zeropower_via_newtonschulz",
 ]

@@ -5,7 +5,9 @@ routed but not counted, so the loads do not depend on how a batch is split over 
 optimizer step, `RouterBalancing` sums the counts over data-parallel ranks, moves each router's
 `e_score_correction_bias` by `rate * sign(mean load - load)` and zeroes the counts; a step that is discarded (a
 non-finite loss) or forwards that are not training (validation) call `reset` instead. Installed with
-`RouterBalancing(model, optimizer, rate)`, which registers the update as the optimizer's step post-hook.
+`RouterBalancing(model, optimizer, rate)`, which registers the update as the optimizer's step post-hook; under
+transformers' `Trainer` (and TRL's trainers, built on it) `RouterBalancingCallback(rate)` installs it on the
+trainer's optimizer.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from transformers import TrainerCallback
 
 from ..text.moe import TopKRouter
 
@@ -46,4 +49,21 @@ class RouterBalancing:
                 self.last_loads[name] = float(load.max() / load.mean())
 
 
-__all__ = ["RouterBalancing"]
+class RouterBalancingCallback(TrainerCallback):
+    """The router-bias update under transformers' `Trainer` or TRL's trainers, which never call it themselves:
+    `Trainer(model, args, ..., callbacks=[RouterBalancingCallback(rate=1e-3)])`. When training begins it installs
+    `RouterBalancing` on the trainer's optimizer (the torch optimizer inside accelerate's wrapper, which steps once
+    per accumulated batch); `balancing.last_loads` then holds the last update's max / mean loads."""
+
+    def __init__(self, rate: float = 1e-3) -> None:
+        self.rate = rate
+        self.balancing: RouterBalancing | None = None
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, model: nn.Module | None = None,
+                       optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        if self.balancing is not None:  # a second `train()` builds its optimizer anew
+            self.balancing.handle.remove()
+        self.balancing = RouterBalancing(model, getattr(optimizer, "optimizer", optimizer), self.rate)
+
+
+__all__ = ["RouterBalancing", "RouterBalancingCallback"]
