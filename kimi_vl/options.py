@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import numbers
+import os
 import re
 import types
 import typing
@@ -87,9 +89,10 @@ def _is_none(value: Any) -> bool:
 
 
 def coerce(value: Any, hint: Any, name: str) -> Any:
-    """`value` (from a config file or the command line) as the field's type: numbers from strings, "none" for an
-    optional field (for a list: the empty list), lists from a string of comma-separated items, `{str: float}` dicts
-    from `k=v,k=v`."""
+    """`value` (from a config file, the command line or Python) as the field's type: numbers from strings, "none" for
+    an optional field (for a list: the empty list), lists from a string of comma-separated items, `{str: float}`
+    dicts from `k=v,k=v`, strings from paths (`pathlib.Path`; a list field takes one path as its one item), numbers
+    from any integer or real type (numpy's)."""
     kind, optional = optional_type(hint)
     origin = typing.get_origin(kind)
     if origin is list and (_is_none(value) or (isinstance(value, (list, tuple)) and len(value) == 1
@@ -99,6 +102,8 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
         if not optional:
             raise ConfigError(f"{name} cannot be none.")
         return None
+    if isinstance(value, os.PathLike):  # a path is one item, never split at its commas
+        value = [os.fspath(value)] if origin is list else os.fspath(value)
     if origin is list:
         (item,) = typing.get_args(kind)
         items = value.split(",") if isinstance(value, str) else value
@@ -117,8 +122,10 @@ def coerce(value: Any, hint: Any, name: str) -> Any:
         return {str(k): coerce(v, item, f"{name}.{k}") for k, v in value.items()}
     if isinstance(value, str):
         return _scalar(value, kind, name)
-    if kind is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+    if kind is float and isinstance(value, numbers.Real) and not isinstance(value, bool):  # numpy's numbers too
         return float(value)
+    if kind is int and isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return int(value)
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise ConfigError(f"{name} must be a {kind.__name__}, got {value!r}.")
     return value

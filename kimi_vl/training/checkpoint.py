@@ -33,8 +33,10 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, load_model, save_file, save_model
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from ..errors import CheckpointError
+from .distributed import full_state, is_main_process, shard_like
 
 FORMAT = "kimi-vl-training-state"
 FORMAT_VERSION = 2
@@ -192,21 +194,34 @@ def verify_checkpoint(path: str | os.PathLike) -> None:
 
 # ----------------------------------------------------------------------------------------------- save / find / load
 def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    trainer_state: dict[str, Any], keep: int | None = 2) -> Path:
+                    trainer_state: dict[str, Any], keep: int | None = 2) -> Path | None:
     """Write `root/step_{step:08d}` atomically (manifest last) and return it.
 
     Then keep the newest `keep` checkpoints up to this one (None keeps all); checkpoints of higher steps belong to
     a continuation this run has replaced (it resumed from an earlier one, e.g. past a damaged checkpoint) and are
     removed.
+
+    Under a process group every rank calls it and rank 0 alone writes (the others return None); parameters and
+    optimizer states that are DTensors (FSDP2) are gathered whole first, so the checkpoint is the one a single
+    process writes.
     """
+    model_state, optimizer_state, main = model.state_dict(), optimizer.state_dict(), is_main_process()
+    sharded = any(isinstance(t, DTensor) for t in model_state.values())
+    if sharded:
+        model_state, optimizer_state = full_state(model_state, main), full_state(optimizer_state, main)
+    if not main:
+        return None
     root = Path(root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = root / f"{final.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    save_model(model, str(tmp / "model.safetensors"))
-    _save_state(optimizer.state_dict(), tmp, "optimizer")
+    if sharded:
+        save_file({k: t.contiguous() for k, t in model_state.items()}, str(tmp / "model.safetensors"))
+    else:
+        save_model(model, str(tmp / "model.safetensors"))
+    _save_state(optimizer_state, tmp, "optimizer")
     _save_state(rng_state(), tmp, "rng")
     (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}, indent=1))
     files = {}
@@ -271,14 +286,28 @@ def latest_checkpoint(root: str | os.PathLike) -> Path | None:
 
 def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Verify the checkpoint directory `path`, restore model, optimizer and RNG state from it and return its
-    `trainer_state.json`.
+    `trainer_state.json`. Parameters that are DTensors (FSDP2) take their shards of the stored full tensors, and so
+    do their optimizer states.
 
     Raises:
         CheckpointError: the checkpoint does not verify (see `verify_checkpoint`).
     """
     path = Path(path)
     verify_checkpoint(path)
-    load_model(model, str(path / "model.safetensors"), strict=True)
-    optimizer.load_state_dict(_load_state(path, "optimizer"))
+    optimizer_state = _load_state(path, "optimizer")
+    current = model.state_dict()
+    if any(isinstance(t, DTensor) for t in current.values()):
+        stored = load_file(str(path / "model.safetensors"))
+        model.load_state_dict({k: shard_like(t.to(current[k].device), current[k])
+                               if isinstance(current.get(k), DTensor) else t for k, t in stored.items()}, strict=True)
+        params = [p for group in optimizer.param_groups for p in group["params"]]  # the state's integer keys
+        for index, state in optimizer_state["state"].items():
+            p = params[index]
+            for key, value in state.items():
+                if isinstance(p, DTensor) and isinstance(value, torch.Tensor) and value.shape == p.shape:
+                    state[key] = shard_like(value.to(p.device, p.dtype), p)
+    else:
+        load_model(model, str(path / "model.safetensors"), strict=True)
+    optimizer.load_state_dict(optimizer_state)
     set_rng_state(_load_state(path, "rng"))
     return json.loads((path / "trainer_state.json").read_text())

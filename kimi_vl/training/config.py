@@ -133,6 +133,8 @@ def resolve(stage: str, preset: str, overrides: dict[str, Any] | None = None, *,
         section, f = fields[name]
         if "split" in f.metadata and isinstance(value, (list, tuple)):  # --families text,vision
             value = [item for v in value for item in (v.split(f.metadata["split"]) if isinstance(v, str) else [v])]
+        if "join" in f.metadata and isinstance(value, (list, tuple)):  # report_to=["tensorboard", "wandb"]
+            value = f.metadata["join"].join(map(str, value))
         changes[section][name] = coerce(value, typing.get_type_hints(SECTIONS[section])[name], name)
     resolved = {k: (dataclasses.replace(v, **changes[k]) if v is not None else None) for k, v in sections.items()}
     return RunConfig(stage, preset, int(seed), resolved["train"], resolved["data"], resolved["rl"])

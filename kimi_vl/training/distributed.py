@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -97,6 +98,20 @@ def shard_like(full: torch.Tensor, like: DTensor) -> DTensor:
     mesh = like.device_mesh
     replicated = DTensor.from_local(full, mesh, [Replicate()] * mesh.ndim, run_check=False)
     return replicated.redistribute(mesh, like.placements)
+
+
+def full_state(state: Any, keep: bool = True) -> Any:
+    """`state` (nested dicts, lists and tuples, as a `state_dict()` is) with every DTensor replaced by its full value,
+    a plain tensor on the CPU (None where not `keep`: a rank that only takes part in the gathering); everything else
+    is kept as it is. Under FSDP2 it gathers, one tensor at a time: every rank calls it on the same structure."""
+    if isinstance(state, DTensor):
+        full = state.full_tensor()
+        return full.cpu() if keep else None
+    if isinstance(state, dict):
+        return {k: full_state(v, keep) for k, v in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(full_state(v, keep) for v in state)
+    return state
 
 
 def scale_rows_(weight: torch.Tensor, scale: torch.Tensor) -> None:

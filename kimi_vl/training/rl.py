@@ -503,8 +503,10 @@ class RLStep:
         prompts, bad = self.prompts(index)
         world, rank = acc.num_processes, acc.process_index
         if len(prompts) % world:
-            raise ConfigError(f"{len(prompts)} prompts per step do not split over {world} processes; make "
-                              "prompts_per_step a multiple of the number of processes.")
+            raise ConfigError(f"{len(prompts)} prompts per step do not split over {world} processes; make the prompts "
+                              "of a rollout batch a multiple of the number of processes (users' data: "
+                              "--prompts-per-step; the embedded data: --prompts-per-family times the number of "
+                              "--families).")
         share = len(prompts) // world
         local = range(rank * share, (rank + 1) * share)
         rollouts = rollout(

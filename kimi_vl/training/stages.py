@@ -203,27 +203,36 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
     return model, KimiVLProcessor.from_pretrained(path)
 
 
-def _config(stage: str, config: RunConfig | None, preset: str, seed: int, overrides: dict[str, Any],
-            out_dir: Path) -> RunConfig:
+def _config(stage: str, config: RunConfig | None, preset: str | None, seed: int | None, overrides: dict[str, Any],
+            out_dir: Path, default_preset: str = "tiny") -> RunConfig:
     """The stage's resolved configuration (before anything runs: a GPU preset without CUDA warns here, an `out_dir`
-    that cannot be a folder is refused)."""
+    that cannot be a folder is refused). `preset` / `seed` None: not given (`default_preset`, seed 0); a `config`
+    takes neither, unless the same as its own, nor settings."""
     check_output_dir(out_dir)
     if config is None:
-        config = resolve(stage, preset, overrides, seed=seed)
-    elif overrides or config.stage != stage:
-        raise ConfigError(f"pass either a {stage} RunConfig or settings, not both (got {sorted(overrides)}).")
+        config = resolve(stage, preset or default_preset, overrides, seed=0 if seed is None else seed)
+    else:
+        given = sorted(overrides) + [name for name, value, own in (("preset", preset, config.preset),
+                                                                   ("seed", seed, config.seed))
+                                     if value is not None and value != own]
+        if given or config.stage != stage:
+            raise ConfigError(f"pass either a {stage} RunConfig or settings, not both (got {given}); change the "
+                              "RunConfig instead (dataclasses.replace, or resolve with these settings).")
     warn_without_cuda(config.preset)
     return config
 
 
-def _preset_of(from_dir: str | Path, preset: str | None) -> str:
-    return preset or (read_summary(from_dir) or {}).get("preset", "tiny")
+def _preset_of(from_dir: str | Path) -> str:
+    """The preset of the run in `from_dir` (`tiny` where its summary does not say)."""
+    return (read_summary(from_dir) or {}).get("preset", "tiny")
 
 
-def _finish(stage: str, model: Any, processor: KimiVLProcessor, out_dir: Path, summary: dict[str, Any]) -> Path:
+def _finish(stage: str, model: Any, weights: dict[str, torch.Tensor], processor: KimiVLProcessor, out_dir: Path,
+            summary: dict[str, Any]) -> Path:
     """Save the stage's checkpoint directory, self-contained (remote code and `auto_map`: any Hugging Face client
-    loads it with `trust_remote_code=True`, without kimi_vl installed), and its summary."""
-    model.save_pretrained(out_dir)
+    loads it with `trust_remote_code=True`, without kimi_vl installed), and its summary. `weights`: the model's full
+    state dict (`Accelerator.get_state_dict`: under FSDP2 every rank gathers it, then rank 0 saves)."""
+    model.save_pretrained(out_dir, state_dict=weights)
     processor.save_pretrained(out_dir)
     add_remote_code(out_dir)
     (out_dir / SUMMARY).write_text(json.dumps({"stage": stage, **summary, "complete": True}, indent=1))
@@ -244,13 +253,14 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
     if trainer.accelerator.is_main_process:
         write_run_config(cfg, out_dir)
     last = trainer.train()
+    weights = trainer.accelerator.get_state_dict(trainer.model)  # on every rank: FSDP2 gathers its shards
     if not trainer.accelerator.is_main_process:
         return out_dir
     model = trainer.accelerator.unwrap_model(trainer.model)
     metrics = read_metrics(out_dir / "metrics.jsonl")
     plot_metrics(metrics, out_dir / "plots", title=cfg.stage, baseline=baseline)
     bad = sum(sum(m.get("bad_records", {}).values()) for m in metrics)
-    return _finish(cfg.stage, model, processor, out_dir, {
+    return _finish(cfg.stage, model, weights, processor, out_dir, {
         "preset": cfg.preset, "seed": cfg.seed, **extra, "data": cfg.data.sources or "embedded",
         "steps": cfg.train.steps, "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
         "unigram_baseline": baseline, "tokens": last.get("tokens"), "skipped_steps": last.get("skipped_total"),
@@ -273,9 +283,10 @@ def _processor_for(out_dir: Path, cfg: RunConfig) -> KimiVLProcessor:
     return processor
 
 
-def pretrain(out_dir: str | Path, *, preset: str = "tiny", seed: int = 0, config: RunConfig | None = None,
-             **settings: Any) -> Path:
-    """Joint text-vision pre-training from scratch; returns the checkpoint directory `out_dir`."""
+def pretrain(out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,
+             config: RunConfig | None = None, **settings: Any) -> Path:
+    """Joint text-vision pre-training from scratch (preset `tiny` and seed 0 unless given); returns the checkpoint
+    directory `out_dir`."""
     out_dir = Path(out_dir)
     cfg = _config("pretrain", config, preset, seed, settings, out_dir)
     if _finished(out_dir, cfg):
@@ -286,11 +297,11 @@ def pretrain(out_dir: str | Path, *, preset: str = "tiny", seed: int = 0, config
     return _train(cfg, model, processor, out_dir, {})
 
 
-def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
+def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,
         config: RunConfig | None = None, **settings: Any) -> Path:
     """SFT of the checkpoint in `from_dir` (zero-vision on the embedded data); returns `out_dir`."""
     out_dir = Path(out_dir)
-    cfg = _config("sft", config, _preset_of(from_dir, preset), seed, settings, out_dir)
+    cfg = _config("sft", config, preset, seed, settings, out_dir, _preset_of(from_dir))
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir)
@@ -343,7 +354,7 @@ def family_rewards(rows: list[dict[str, Any]], families: Sequence[str]) -> dict[
     return out
 
 
-def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int = 0,
+def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,
        config: RunConfig | None = None, **settings: Any) -> Path:
     """Joint text-vision RL of the checkpoint in `from_dir` (K2.5 objective unless `algorithm="grpo"`) on the
     `Trainer` (`RLStep`); rollout batch `i` draws `prompts_per_step` prompts (users' rows, or world samples of the
@@ -351,7 +362,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     t0 = time.perf_counter()
-    cfg = _config("rl", config, _preset_of(from_dir, preset), seed, settings, out_dir)
+    cfg = _config("rl", config, preset, seed, settings, out_dir, _preset_of(from_dir))
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     data = cfg.data
@@ -372,12 +383,13 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     if trainer.accelerator.is_main_process:
         write_run_config(cfg, out_dir)
     trainer.train()
+    weights = trainer.accelerator.get_state_dict(trainer.model)  # on every rank: FSDP2 gathers its shards
     if not trainer.accelerator.is_main_process:
         return out_dir
     metrics = read_metrics(out_dir / "metrics.jsonl")
     plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({label})")
     first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
-    return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), processor, out_dir, {
+    return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), weights, processor, out_dir, {
         "preset": cfg.preset, "seed": cfg.seed, "from": str(Path(from_dir).resolve()),
         "from_weights": weights_fingerprint(from_dir),
         "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",

@@ -24,7 +24,9 @@ from __future__ import annotations
 import json
 import math
 import numbers
+import os
 import time
+import warnings
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -112,7 +114,8 @@ class TrainConfig:
         steps: optimizer steps.
         lr: peak learning rate.
         optimizer: muonclip or adamw.
-        weight_decay: decoupled weight decay of the hidden matrices.
+        weight_decay: decoupled weight decay (muonclip: of every parameter, both its groups; adamw: of the
+            parameters of two or more dimensions, embeddings and head included).
         qk_clip_tau: QK-Clip threshold on the max attention logit (none: off).
         grad_accum: micro-batches per optimizer step and process (RL: `micro_batch_size` splits the rollouts).
         warmup_steps: linear warmup steps.
@@ -135,9 +138,9 @@ class TrainConfig:
         activation_checkpointing: keep only each layer's input in the forward pass and recompute the layer in the
             backward pass (every token mixer and feed-forward of the language model, Block AttnRes's depth mixing,
             every vision block): less memory for about one more forward's time; the same numbers.
-        report_to: experiment trackers that also get every step's metrics, comma-separated: tensorboard, wandb,
-            mlflow, trackio, ... (accelerate's; each needs its package; local ones write under OUT/trackers; none:
-            only metrics.jsonl and the plots).
+        report_to: experiment trackers that also get every step's metrics, comma-separated (in Python also a list):
+            tensorboard, wandb, mlflow, trackio, ... (accelerate's; each needs its package; local ones write under
+            OUT/trackers; none: only metrics.jsonl and the plots).
     """
 
     steps: int = 1000
@@ -162,9 +165,11 @@ class TrainConfig:
     progress: bool = True
     max_minutes: float | None = None
     activation_checkpointing: bool = False
-    report_to: str | None = None
+    report_to: str | None = field(default=None, metadata={"join": ","})
 
     def __post_init__(self) -> None:
+        if isinstance(self.report_to, (list, tuple)):  # ["tensorboard", "wandb"], as transformers' TrainingArguments
+            self.report_to = ",".join(map(str, self.report_to))
         check_installed(parse_report_to(self.report_to))  # before a stage builds its data
         for name, lowest in _COUNT_MINIMA.items():
             _check_count(name, getattr(self, name), lowest)
@@ -179,15 +184,16 @@ class TrainConfig:
 
 
 def wsd_lr(step: int, cfg: TrainConfig) -> float:
-    """Learning rate of optimizer step `step` (0-based) under warmup-stable-decay."""
-    if step < cfg.warmup_steps:
-        return cfg.lr * (step + 1) / cfg.warmup_steps
+    """Learning rate of optimizer step `step` (0-based) under warmup-stable-decay. Where the warmup reaches into
+    the decay (a run of fewer steps than `warmup_steps` plus its decay) the lower of the two lines holds: the rate
+    does not leap from the warmup's peak into the decay, and the last step still ends at `min_lr_ratio * lr`."""
+    warmup = cfg.lr * (step + 1) / cfg.warmup_steps if step < cfg.warmup_steps else cfg.lr
     decay_steps = round(cfg.steps * cfg.decay_fraction)
     decay_start = cfg.steps - decay_steps
     if decay_steps == 0 or step < decay_start:
-        return cfg.lr
+        return warmup
     progress = (step - decay_start + 1) / decay_steps
-    return cfg.lr * (1 - (1 - cfg.min_lr_ratio) * progress)
+    return min(warmup, cfg.lr * (1 - (1 - cfg.min_lr_ratio) * progress))
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
@@ -209,6 +215,16 @@ def unigram_entropy(data: BatchSource, num_batches: int = 8) -> float:
             counts[int(tok)] = counts.get(int(tok), 0) + int(n)
     total = sum(counts.values())
     return -sum(n / total * math.log(n / total) for n in counts.values())
+
+
+def _check_batch_source(name: str, data: Any) -> None:
+    """`ConfigError` unless `data` is a `BatchSource` (an iterable or a DataLoader is not: it cannot be resumed at a
+    step)."""
+    if not callable(getattr(data, "batch", None)):
+        raise ConfigError(f"{name} is a {type(data).__name__}, not a BatchSource: the trainer draws batch i as "
+                          f"{name}.batch(i), a pure function of i (which is what resuming at a step needs), so an "
+                          "iterable or a DataLoader cannot stand in; give an object whose batch(index) returns batch "
+                          "`index` (for a list of batches: batches[index]), or a TrainingStep as data.")
 
 
 class TrainingStep(Protocol):
@@ -281,7 +297,8 @@ class LanguageModelStep:
                 loss = trainer.model(**batch.model_inputs(), loss_normalisation=normalisation,
                                      return_logits=False).loss
             acc.backward(loss * (share * world))  # DDP averages the ranks' gradients: * world undoes it
-            total += loss.detach().float().item() * share
+            if counts[micro]:  # a micro-batch without targets has no mean loss (0 / 0: NaN) and adds nothing
+                total += loss.detach().float().item() * share
             tokens += batch.num_tokens
             vision_tokens += batch.num_vision_tokens
         if world > 1:  # the global batch: mean loss, summed token counts, every rank's draws
@@ -313,6 +330,10 @@ class Trainer:
         from accelerate.state import AcceleratorState
 
         self.cfg, self.val_data, self.desc = cfg, val_data, desc
+        if not hasattr(data, "backward"):
+            _check_batch_source("data", data)
+        if val_data is not None:
+            _check_batch_source("val_data", val_data)
         self.training_step = data if hasattr(data, "backward") else LanguageModelStep(data, num_workers)
         self.fingerprint, self.allow_data_change = fingerprint, allow_data_change
         self.out_dir = Path(out_dir)
@@ -334,6 +355,15 @@ class Trainer:
                                   "`activation_checkpointing_enable`); train without it.")
             model.activation_checkpointing_enable()
         self.optimizer = build_optimizer(model, cfg)
+        if os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true" and self.accelerator.distributed_type != "FSDP":
+            warnings.warn("accelerate launch --use_fsdp: accelerate shards with FSDP on GPUs only; on CPUs every "
+                          "process holds the whole model and optimizer state (DDP across processes: the same updates).",
+                          stacklevel=2)
+        if self.accelerator.is_fsdp2:
+            # every rank holds the whole model already (built from the seed or read from the checkpoint); accelerate's
+            # loading from rank 0 alone (`accelerate launch --use_fsdp`'s default) fails on persistent buffers, the
+            # routers' `e_score_correction_bias`
+            self.accelerator.state.fsdp_plugin.cpu_ram_efficient_loading = False
         self.model, self.optimizer = self.accelerator.prepare(model, self.optimizer)
         self.raw_model = self.accelerator.unwrap_model(self.model)
         self.inner_optimizer = getattr(self.optimizer, "optimizer", self.optimizer)  # unwrapped from accelerate
@@ -349,16 +379,20 @@ class Trainer:
 
     # -- the loop -------------------------------------------------------------------------------------------------
     def train(self) -> dict[str, Any]:
-        """Run (or resume) until `cfg.steps`; returns the summary of the last step."""
+        """Run (or resume) until `cfg.steps`; returns the summary of the last step (its `metrics.jsonl` record)."""
         cfg = self.cfg
         self._resume()
+        if self.step >= cfg.steps:  # resumed at its end (stopped after its last checkpoint): that step's record
+            records = read_metrics(self.metrics_path) if self.metrics_path.is_file() else []
+            return records[-1] if records else {}
         self.model.train()
         bar = progress_bar(total=cfg.steps, initial=self.step, desc=self.desc,
                            enabled=cfg.progress and self.accelerator.is_main_process, unit="step")
         self.training_step.start(self)
         try:
             return self._steps(bar)
-        finally:
+        finally:  # however the run ends: an open bar would stay among tqdm's and push the next one down a line
+            bar.close()
             self.training_step.finish()
 
     def _steps(self, bar: Any) -> dict[str, Any]:
@@ -400,7 +434,6 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows it
                 bar.update(1)
                 if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
-                    bar.close()
                     raise TrainingDivergedError(
                         f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
                         f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
@@ -412,9 +445,7 @@ class Trainer:
                 if (self.step % cfg.checkpoint_every == 0 and can_checkpoint) or self.step == cfg.steps or stop_now:
                     self.save_state()
                 if stop_now:
-                    bar.close()
                     raise self._interrupted(stop, time_up)
-        bar.close()
         return last
 
     def _interrupted(self, stop: StopOnSignal, time_up: bool) -> TrainingInterrupted:
@@ -495,9 +526,8 @@ class Trainer:
             append_jsonl(self.errors_path, records)
 
     def save_state(self) -> Path | None:
+        """A checkpoint of the run in `state/`, written by rank 0 (every rank calls it: FSDP2 shards are gathered)."""
         self.accelerator.wait_for_everyone()
-        if not self.accelerator.is_main_process:
-            return None
         state = {"tokens": self.tokens, "batches_drawn": self.batches_drawn, "skipped": self.skipped,
                  "nonfinite_in_a_row": self.nonfinite_in_a_row, "config": asdict(self.cfg), "data": self.fingerprint}
         return save_checkpoint(self.state_dir, self.step, model=self.raw_model, optimizer=self.optimizer,
@@ -511,8 +541,13 @@ class Trainer:
                 rewind_metrics(self.metrics_path, 0)
                 rewind_metrics(self.errors_path, 0)
             return
-        check_data(json.loads((path / "trainer_state.json").read_text()).get("data"), self.fingerprint,
-                   self.allow_data_change, path)
+        saved = json.loads((path / "trainer_state.json").read_text())
+        check_data(saved.get("data"), self.fingerprint, self.allow_data_change, path)
+        optimizer = saved.get("config", {}).get("optimizer", self.cfg.optimizer)
+        if optimizer != self.cfg.optimizer:  # its state does not fit this one's groups: say so, not torch's ValueError
+            raise CheckpointError(f"{path} holds the state of a {optimizer} run, and this run trains with "
+                                  f"{self.cfg.optimizer}; resume it with optimizer={optimizer!r} (--optimizer "
+                                  f"{optimizer}), or write the new run to another folder.")
         state = load_checkpoint(path, model=self.raw_model, optimizer=self.optimizer)
         if state["step"] > self.cfg.steps:
             raise ConfigError(f"{self.state_dir} holds a checkpoint at step {state['step']}, past this run's "

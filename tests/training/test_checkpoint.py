@@ -147,3 +147,53 @@ def test_pickles_in_a_checkpoint_folder_are_never_loaded(tmp_path):
     assert not marker.exists()
     torch.load(good / "optimizer.pt", weights_only=False)  # the payload is live: loading it would have run it
     assert marker.exists()
+
+
+def _sharded_lm(seed: int):
+    """`tiny_lm(seed)` under FSDP2 on the current one-rank mesh (mixers, FFNs and the root: DTensor parameters)
+    with its MuonClip, built after sharding."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    model = tiny_lm(seed)
+    mesh = init_device_mesh("cpu", (1,))
+    for layer in model.model.layers:
+        fully_shard(layer.self_attn, mesh=mesh)
+        fully_shard(layer.mlp, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    return model, MuonClip(model, lr=1e-2)
+
+
+def test_fsdp2_sharded_state_round_trips_as_full_tensors(tmp_path):
+    """Parameters and optimizer states that are DTensors (FSDP2) are written as their full tensors, as one unsharded
+    process writes them, and loaded back into the shards: a sharded run resumed from its checkpoint, and an
+    unsharded model loading it, continue exactly as the uninterrupted run."""
+    import torch.distributed as dist
+    from torch.distributed.tensor import DTensor
+
+    def full(t):
+        return t.full_tensor() if isinstance(t, DTensor) else t
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model, optimizer = _sharded_lm(0)
+        _train_steps(model, optimizer, 2)
+        path = ckpt.save_checkpoint(tmp_path / "state", 2, model=model, optimizer=optimizer, trainer_state={})
+        stored = ckpt.load_file(str(path / "model.safetensors"))
+        assert stored.keys() == model.state_dict().keys()
+        assert all(type(t) is torch.Tensor and torch.equal(t, full(model.state_dict()[k])) for k, t in stored.items())
+
+        restored, restored_optimizer = _sharded_lm(5)
+        ckpt.load_checkpoint(path, model=restored, optimizer=restored_optimizer)
+        plain = tiny_lm(seed=5)
+        plain_optimizer = MuonClip(plain, lr=1e-2)
+        ckpt.load_checkpoint(path, model=plain, optimizer=plain_optimizer)
+        for m, opt in ((model, optimizer), (restored, restored_optimizer), (plain, plain_optimizer)):
+            _train_steps(m, opt, 1, start=2)
+        want = {k: full(v) for k, v in model.state_dict().items()}
+        for other, atol in ((restored, 0), (plain, 1e-6)):  # unsharded: other fp32 rounding in the matmuls' splits
+            for k, v in other.state_dict().items():
+                torch.testing.assert_close(full(v), want[k], rtol=0, atol=atol, msg=k)
+    finally:
+        dist.destroy_process_group()

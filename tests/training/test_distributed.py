@@ -256,3 +256,43 @@ def test_scale_rows_on_dtensors_of_any_placement(tmp_path):
         assert all_reduce_max(t) is t and torch.equal(t, torch.tensor([1.0, -2.0]))
     finally:
         dist.destroy_process_group()
+
+
+def test_fsdp2_runs_the_vision_tower_in_every_forward(tmp_path):
+    """Under FSDP2 a batch without images or videos (a text-only rank) still runs the vision tower, once per kind of
+    media, adding exactly zero: the same loss and gradients as unsharded, and zero (not missing) gradients on the
+    tower, so that every rank's all-gathers and reduce-scatters pair up whatever its data."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+
+    batch = {"input_ids": torch.randint(3, 60, (2, 9), generator=torch.Generator().manual_seed(0))}
+    plain = _model()
+    want = _loss(plain, batch)
+    want.backward()
+    assert all(p.grad is None for p in plain.vision_tower.parameters())
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = _model()
+        mesh = init_device_mesh("cpu", (1,))
+        units = [*model.vision_tower.layers]
+        for layer in model.language_model.model.layers:
+            units += [layer.self_attn, layer.mlp]
+        for unit in [*units, model]:
+            fully_shard(unit, mesh=mesh)
+        calls = []
+        model.vision_tower.register_forward_hook(lambda module, args, out: calls.append(args[1].tolist()))
+        loss = _loss(model, batch)
+        loss.backward()
+        assert calls == [[[1, 2, 2]], [[1, 2, 2]]]  # one blank grid of one merged token, for images and for videos
+        assert loss.item() == want.item()
+        for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+            grad = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            if name.startswith(("vision_tower.", "multi_modal_projector.")):
+                assert torch.count_nonzero(grad) == 0, name
+            else:
+                torch.testing.assert_close(grad, q.grad, rtol=1e-12, atol=1e-12, msg=name)
+    finally:
+        dist.destroy_process_group()

@@ -17,6 +17,7 @@ from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.tokenization import DOC_EOS, IM_END, build_tokenizer, render_chat
 from kimi_vl.training.rl import (
     RLConfig,
+    RLStep,
     clip_mask,
     group_advantages,
     group_token_weights,
@@ -554,3 +555,15 @@ def test_rollouts_never_sample_media_placeholders(tok):
     assert placeholder in ro.suppress_token_ids
     assert not (ro.response_ids == placeholder).any()
     assert torch.isfinite(ro.old_logp).all()
+
+
+def test_prompts_that_do_not_split_over_the_processes_name_the_options_to_change():
+    """1 prompt per rollout batch over 2 processes: the error names the settings that set the count, for users'
+    data and for the embedded data's families (whose count is not `prompts_per_step`)."""
+    from types import SimpleNamespace
+
+    step = RLStep(lambda index: (["one prompt"], []), None, RLConfig(), seed=0)
+    trainer = SimpleNamespace(accelerator=SimpleNamespace(num_processes=2, process_index=0))
+    with pytest.raises(ConfigError, match=r"1 prompts per step do not split over 2 processes; .* --prompts-per-step; "
+                                          r"the embedded data: --prompts-per-family times the number of --families"):
+        step._roll(trainer, 0)

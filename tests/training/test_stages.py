@@ -8,7 +8,9 @@ import re
 import shutil
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
+import numpy as np
 import pytest
 import torch
 from transformers import AutoModelForImageTextToText
@@ -90,6 +92,24 @@ def test_data_none_is_the_embedded_data(tmp_path):
     assert resolve("sft", "tiny", load_config_file(tmp_path / "c.yaml")).data.sources == []
 
 
+
+def test_settings_take_paths_and_numbers_as_python_passes_them(tmp_path):
+    """From Python, file settings take `pathlib.Path`s as `out_dir` does (`pretrain(out, sources=[Path(...)])`): a
+    path is its text, and one path given for a list setting is its one item, not split at a comma in its name.
+    Numbers may be numpy's (a sweep over `np.arange` / `np.float32` values), integers still not real numbers."""
+    data, tokenizer = tmp_path / "docs,v2.jsonl", tmp_path / "tok"
+    cfg = resolve("pretrain", "tiny", {"sources": [data, "b.jsonl=2"], "val_sources": data, "tokenizer": tokenizer,
+                                       "media_root": tmp_path})
+    assert cfg.data.sources == [str(data), "b.jsonl=2"] and cfg.data.val_sources == [str(data)]
+    assert cfg.data.tokenizer == str(tokenizer) and cfg.data.media_root == str(tmp_path)
+    numpy = resolve("pretrain", "tiny", {"steps": np.int64(5), "lr": np.float32(0.5), "vision_ratio": np.float64(0.25),
+                                         "text_tasks": {"mc": np.int32(2)}})
+    assert numpy == resolve("pretrain", "tiny", {"steps": 5, "lr": 0.5, "vision_ratio": 0.25, "text_tasks": "mc=2"})
+    assert type(numpy.train.steps) is int and type(numpy.train.lr) is float
+    with pytest.raises(ConfigError, match=r"steps must be a int, got 5.0"):
+        resolve("pretrain", "tiny", {"steps": 5.0})
+
+
 @pytest.mark.parametrize("finished_here", [True, False])
 def test_ranks_that_see_a_stage_in_different_states_stop(pretrained, tmp_path, monkeypatch, finished_here):
     """A stage that one rank sees finished and another does not (an --out on each machine's own disk) stops every
@@ -162,7 +182,7 @@ def test_training_starts_from_zero_expert_loads(pretrained, tmp_path):
     routers = [m for m in model.modules() if isinstance(m, TopKRouter)]
     for r in routers:
         r.expert_load.fill_(1e30)  # what uninitialised memory may hold
-    Trainer(model, None, TrainConfig(steps=1, progress=False), tmp_path)
+    Trainer(model, SimpleNamespace(batch=lambda index: None), TrainConfig(steps=1, progress=False), tmp_path)  # built only
     assert all(bool((r.expert_load == 0).all()) for r in routers)
     for r in routers:
         r.expert_load.fill_(1e30)
@@ -177,6 +197,24 @@ def test_stage_errors(tmp_path):
         family_tasks(("audio",))
     with pytest.raises(ConfigError, match="unknown preset"):
         pretrain(tmp_path / "p", preset="huge", progress=False)
+
+
+def test_a_seed_or_preset_beside_a_run_config_is_not_dropped(tmp_path, monkeypatch):
+    """`pretrain(out, config=base, seed=s)` (a seed sweep over one resolved configuration) would train `base.seed`
+    under every `s`: a seed or preset other than the RunConfig's is refused like any setting beside it; the same
+    ones, or none, go through."""
+    base = resolve("pretrain", "tiny", {"steps": 1})
+    for stage, call in (("pretrain", lambda **kw: pretrain(tmp_path / "p", **kw)),
+                        ("sft", lambda **kw: sft(tmp_path / "none", tmp_path / "s", **kw))):
+        config = dataclasses.replace(base, stage=stage)
+        for given in ({"seed": 1}, {"preset": "small"}, {"seed": 1, "lr": 1e-3}):
+            with pytest.raises(ConfigError, match=rf"pass either a {stage} RunConfig or settings, not both"):
+                call(config=config, **given)
+    runs = []  # the configuration each call would train (a finished run is returned as it is)
+    monkeypatch.setattr("kimi_vl.training.stages._finished", lambda out_dir, cfg, *a: runs.append(cfg) or True)
+    pretrain(tmp_path / "p", config=base, seed=0, preset="tiny")
+    pretrain(tmp_path / "p", seed=2, steps=1)
+    assert runs[0] == base and runs[1] == dataclasses.replace(base, seed=2)
 
 
 def test_a_bad_from_or_out_folder_is_a_clear_error(pretrained, tmp_path):

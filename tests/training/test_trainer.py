@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from kimi_vl.errors import CheckpointError, ConfigError, TrainingDivergedError, TrainingInterrupted
+from kimi_vl.errors import CheckpointError, ConfigError, DataError, TrainingDivergedError, TrainingInterrupted
 from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
 from kimi_vl.training.config import resolve
@@ -75,6 +75,20 @@ def test_wsd_schedule():
     assert all(lr == 1.0 for lr in lrs[10:80])
     assert all(a > b for a, b in zip(lrs[80:], lrs[81:]))
     assert lrs[99] == pytest.approx(0.1)
+
+
+@pytest.mark.parametrize("steps, warmup, want", [
+    (10, 10, [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.55, 0.1]),  # the warmup reaches the decay's last steps
+    (10, 8, [0.125, 0.25, 0.375, 0.5, 0.625, 0.75, 0.64, 0.46, 0.28, 0.1]),  # decay_fraction 0.5: from step 5
+    (4, 20, [0.05, 0.1, 0.15, 0.1]),  # shorter than its warmup (a trial run of a preset)
+])
+def test_wsd_schedule_of_a_run_shorter_than_its_warmup_and_decay(steps, warmup, want):
+    """Where the warmup and the decay overlap, the rate follows the lower of the two lines, so it still decays to
+    `min_lr_ratio * lr` at the last step rather than end at (or leap back from) the warmup's value."""
+    c = TrainConfig(steps=steps, lr=1.0, warmup_steps=warmup, decay_fraction=0.5 if warmup == 8 else 0.2,
+                    min_lr_ratio=0.1)
+    lrs = [wsd_lr(s, c) for s in range(steps)]
+    assert lrs == pytest.approx(want)
 
 
 NAN, INF = float("nan"), float("inf")
@@ -155,6 +169,49 @@ def test_resume_reproduces_the_uninterrupted_curve(tmp_path):
         assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["max_logits"] == b["max_logits"]
     for (name, p), q in zip(resumed.raw_model.named_parameters(), tiny_lm().parameters()):
         assert p.shape == q.shape, name
+
+
+def test_a_run_resumed_at_its_end_returns_its_last_step(tmp_path):
+    """`train()` again (a notebook cell rerun, or a stage stopped after its last checkpoint but before writing its
+    summary) trains nothing and returns the last step's record, as the run did, not an empty summary."""
+    trainer = Trainer(tiny_lm(), CountingData(), cfg(steps=3), tmp_path)
+    last = trainer.train()
+    assert last["step"] == 3 and last == read_metrics(tmp_path / "metrics.jsonl")[-1]
+    assert trainer.train() == last
+    assert Trainer(tiny_lm(), CountingData(), cfg(steps=3), tmp_path).train() == last
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3
+
+
+class FailingData(CountingData):
+    def batch(self, index: int) -> Batch:
+        if index == 2:
+            raise DataError("a bad record")
+        return super().batch(index)
+
+
+def test_a_run_that_fails_closes_its_progress_bar(tmp_path, monkeypatch):
+    """A run that stops on an error (here the data's, in step 3) closes its bar like one that ends: left open (the
+    error's traceback keeps it alive in a notebook) it would push the next run's bar down a line."""
+    from tqdm.auto import tqdm
+
+    import kimi_vl.progress
+
+    monkeypatch.setattr(kimi_vl.progress, "interactive", lambda stream=None: True)  # a terminal: a tqdm bar
+    with pytest.raises(DataError):  # (pytest keeps the traceback, as a notebook does)
+        Trainer(tiny_lm(), FailingData(), cfg(progress=True), tmp_path, desc="failing run").train()
+    assert not [bar for bar in tqdm._instances if bar.desc == "failing run"]
+
+
+@pytest.mark.parametrize("first, then", [("muonclip", "adamw"), ("adamw", "muonclip")])
+def test_resuming_with_another_optimizer_is_a_checkpoint_error(tmp_path, first, then):
+    """A run stopped with a checkpoint and resumed with the other optimizer cannot take over its state: a
+    CheckpointError says which optimizer the run had, rather than torch's ValueError about parameter groups."""
+    with pytest.raises(TrainingInterrupted):
+        Trainer(tiny_lm(), CountingData(), cfg(optimizer=first, max_minutes=1e-6), tmp_path).train()
+    with pytest.raises(CheckpointError, match=rf"holds the state of a {first} run, and this run trains with {then}; "
+                                              rf"resume it with optimizer='{first}'"):
+        Trainer(tiny_lm(), CountingData(), cfg(optimizer=then), tmp_path).train()
+    assert Trainer(tiny_lm(), CountingData(), cfg(optimizer=first), tmp_path).train()["step"] == 8
 
 
 class UnevenData(CountingData):
@@ -283,6 +340,29 @@ def test_report_to_tensorboard_gets_every_step_metric(tmp_path, monkeypatch):
     monkeypatch.setattr(accelerate.tracking, "get_available_trackers", lambda: [])
     with pytest.raises(ConfigError, match=r"report_to: comet_ml is not installed; `pip install comet-ml`"):
         cfg(report_to="comet_ml")
+
+
+def test_an_iterable_of_batches_is_refused_before_training(tmp_path):
+    """A list of batches or a DataLoader (a nanoGPT / torchtitan loop's data) cannot be resumed at a step: the
+    trainer says so, and what to give instead, when it is built, not with an AttributeError in the first step."""
+    batches = [CountingData().batch(i) for i in range(8)]
+    for data in (batches, torch.utils.data.DataLoader(batches, batch_size=None)):
+        with pytest.raises(ConfigError, match=rf"data is a {type(data).__name__}, not a BatchSource: .*batch\(index\)"):
+            Trainer(tiny_lm(), data, cfg(), tmp_path)
+    with pytest.raises(ConfigError, match=r"val_data is a list, not a BatchSource"):
+        Trainer(tiny_lm(), CountingData(), cfg(), tmp_path, val_data=batches)
+    assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_report_to_takes_a_list_of_trackers_as_transformers_does():
+    """`report_to=["tensorboard"]` (transformers' `TrainingArguments` form), in a `TrainConfig` or a stage's
+    settings, is the comma-separated setting: the same run configuration, an empty list no tracker."""
+    assert cfg(report_to=["tensorboard"]).report_to == "tensorboard" and cfg(report_to=[]).report_to == ""
+    for value in (["tensorboard"], ("tensorboard",)):
+        assert resolve("pretrain", "tiny", {"report_to": value}) == resolve("pretrain", "tiny",
+                                                                            {"report_to": "tensorboard"})
+    with pytest.raises(ConfigError, match=r"unknown tracker\(s\) \['tensorbored'\]"):
+        resolve("sft", "tiny", {"report_to": ["tensorboard", "tensorbored"]})
 
 
 def test_ranks_that_see_different_checkpoints_stop(tmp_path, monkeypatch):
@@ -435,3 +515,36 @@ def test_a_time_limit_ends_the_run_with_a_checkpoint(tmp_path):
     Trainer(tiny_lm(seed=7), CountingData(), cfg(checkpoint_every=100), cut).train()
     got, want = read_metrics(cut / "metrics.jsonl"), read_metrics(tmp_path / "full" / "metrics.jsonl")
     assert [(m["step"], m["loss"]) for m in got] == [(m["step"], m["loss"]) for m in want]
+
+
+def test_fsdp_asked_of_accelerate_on_cpus_is_not_silently_ddp(tmp_path, monkeypatch):
+    """`accelerate launch --use_fsdp` sets ACCELERATE_USE_FSDP, which accelerate ignores on CPUs (it trains with DDP,
+    or one process): the trainer says so rather than let the run pass for a sharded one."""
+    monkeypatch.setenv("ACCELERATE_USE_FSDP", "true")
+    with pytest.warns(UserWarning, match="FSDP on GPUs only; on CPUs every process holds the whole model"):
+        Trainer(tiny_lm(), CountingData(), cfg(steps=1), tmp_path)
+
+
+class TargetlessData(CountingData):
+    """Odd micro-batches without a single target (every label -100, as a row of image tokens or of prompts)."""
+
+    def batch(self, index: int) -> Batch:
+        b = super().batch(index)
+        if index % 2:
+            b.labels = torch.full_like(b.labels, -100)
+        return b
+
+
+@pytest.mark.parametrize("normalisation", ["token", "document"])
+def test_a_micro_batch_without_targets_adds_nothing_to_its_step(tmp_path, normalisation):
+    """A micro-batch (of a process, or of gradient accumulation) with no target has no mean loss (0 / 0): the step
+    is the other micro-batches' mean, as one batch of them all, not a NaN step skipped with its targets thrown away."""
+    settings = dict(steps=2, loss_normalisation=normalisation, max_grad_norm=None)
+    Trainer(tiny_lm(), TargetlessData(), cfg(grad_accum=2, **settings), tmp_path / "accumulated").train()
+    Trainer(tiny_lm(), MergedData(TargetlessData()), cfg(**settings), tmp_path / "one").train()
+    accumulated, one = read_metrics(tmp_path / "accumulated" / "metrics.jsonl"), read_metrics(tmp_path / "one" /
+                                                                                               "metrics.jsonl")
+    assert not any(m["skipped"] for m in accumulated + one)
+    for a, b in zip(accumulated, one, strict=True):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
