@@ -18,8 +18,8 @@ def host_offsets(cu_seqlens: torch.Tensor) -> list[int]:
     """`cu_seqlens` `[N + 1]` as a list of ints. The same tensor object, unchanged since (its in-place version
     counter), gives the list read before without touching the device; the cache holds the tensors it keys on, so an
     id is never reused while cached. A write that bypasses the counter (through `.numpy()` or `.data`) is not
-    seen: give changed offsets as a new tensor. Inference tensors (made under `torch.inference_mode`) have no version counter:
-    they are read every time."""
+    seen: give changed offsets as a new tensor. Inference tensors (made under `torch.inference_mode`) have no
+    version counter: they are read every time."""
     if cu_seqlens.is_inference():
         return [int(x) for x in cu_seqlens.tolist()]
     for tensor, version, offsets in _cache:
