@@ -290,24 +290,35 @@ def load_checkpoint(path: str | os.PathLike, *, model: nn.Module, optimizer: tor
     do their optimizer states.
 
     Raises:
-        CheckpointError: the checkpoint does not verify (see `verify_checkpoint`).
+        CheckpointError: the checkpoint does not verify (see `verify_checkpoint`), or holds another model (other
+            sizes or parameter names) than `model`.
     """
     path = Path(path)
     verify_checkpoint(path)
     optimizer_state = _load_state(path, "optimizer")
     current = model.state_dict()
-    if any(isinstance(t, DTensor) for t in current.values()):
-        stored = load_file(str(path / "model.safetensors"))
-        model.load_state_dict({k: shard_like(t.to(current[k].device), current[k])
-                               if isinstance(current.get(k), DTensor) else t for k, t in stored.items()}, strict=True)
+    sharded = any(isinstance(t, DTensor) for t in current.values())
+    try:
+        if sharded:
+            stored = load_file(str(path / "model.safetensors"))
+            model.load_state_dict({k: shard_like(t.to(current[k].device), current[k])
+                                   if isinstance(current.get(k), DTensor) else t for k, t in stored.items()},
+                                  strict=True)
+        else:
+            load_model(model, str(path / "model.safetensors"), strict=True)
+    except (RuntimeError, KeyError) as exc:
+        detail = str(exc).strip().splitlines()
+        raise CheckpointError(
+            f"{path} holds another model than this run builds ({detail[-1].strip() if detail else exc!r}); resume "
+            "it with the settings it was trained with (the model's sizes), or write this run to another folder."
+        ) from exc
+    if sharded:
         params = [p for group in optimizer.param_groups for p in group["params"]]  # the state's integer keys
         for index, state in optimizer_state["state"].items():
             p = params[index]
             for key, value in state.items():
                 if isinstance(p, DTensor) and isinstance(value, torch.Tensor) and value.shape == p.shape:
                     state[key] = shard_like(value.to(p.device, p.dtype), p)
-    else:
-        load_model(model, str(path / "model.safetensors"), strict=True)
     optimizer.load_state_dict(optimizer_state)
     set_rng_state(_load_state(path, "rng"))
     return json.loads((path / "trainer_state.json").read_text())

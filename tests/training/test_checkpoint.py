@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kimi_vl.errors import CheckpointError
+from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
 from kimi_vl.training.muonclip import MuonClip
 from kimi_vl.training.trainer import Trainer, read_metrics
@@ -64,6 +65,15 @@ def test_optimizer_and_rng_round_trip_exactly(tmp_path, kind):
     _train_steps(restored, restored_optimizer, 2, start=2)
     for (name, p), q in zip(model.named_parameters(), restored.parameters()):
         assert torch.equal(p, q), name
+
+
+def test_a_checkpoint_of_another_model_is_a_checkpoint_error(tmp_path):
+    """Resuming into a model of other sizes names the mismatch and what to do (it was torch's RuntimeError)."""
+    model = tiny_lm()
+    path = ckpt.save_checkpoint(tmp_path, 1, model=model, optimizer=MuonClip(model, lr=1e-2), trainer_state={})
+    other = KimiTextForCausalLM(KimiTextConfig(**{**model.config.to_diff_dict(), "hidden_size": 48}))
+    with pytest.raises(CheckpointError, match=r"another model than this run builds \(.*size mismatch.*settings it was"):
+        ckpt.load_checkpoint(path, model=other, optimizer=MuonClip(other, lr=1e-2))
 
 
 def _damage(path, how):
