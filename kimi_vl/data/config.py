@@ -51,7 +51,8 @@ class DataConfig:
         seq_len: tokens per packed row.
         rows: packed rows per micro-batch.
         vision_ratio: fraction of every pre-training batch's tokens that are vision tokens (users' data: when it has
-            both media and text sources).
+            both media and text sources); at most the vision documents' own share (their text counts too): above
+            it, batches get what whole vision documents give (metrics.jsonl's `vision_tokens` shows each step's).
         tokenizer: a folder with a tokenizer (or a checkpoint) to reuse instead of training a BPE tokenizer.
         vocab_size: size of the BPE tokenizer trained on the data.
         tokenizer_texts: texts the BPE tokenizer is trained on.
