@@ -1,7 +1,7 @@
 """What activation checkpointing (`--activation-checkpointing`, `TrainConfig.activation_checkpointing`) buys and
 costs: a training forward + backward of the same model with and without it (hidden 256, 8 layers in the 3:1 hybrid
 with Block AttnRes, 8 experts top-2; packed rows of `--docs` documents, `--batch` x `--seq` tokens, fp32, CPU). Each
-variant runs in its own subprocess (peak memory = `ru_maxrss` growth over the first step: activations, gradients and
+variant runs in its own subprocess (peak memory = peak-RSS growth over the first step: activations, gradients and
 the allocator's caches; time = the median of `--steps` steps after it), both in each of `--rounds` rounds, so a
 drift of the machine's pace reaches both alike. Also checks that both give the same gradients, bit for bit. Prints
 each round and the ratios (with / without) as median [min, max].

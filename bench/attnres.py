@@ -1,6 +1,6 @@
 """Cost of Attention Residuals: training-step time and peak memory of `block_attnres` and full `attnres`
 against the standard residual, same tiny model (hidden 256, 8 layers in the 3:1 hybrid, 8 experts top-2,
-batch 4 x 512, fp32, CPU). Each variant runs in its own subprocess (peak memory = `ru_maxrss` growth over the
+batch 4 x 512, fp32, CPU). Each variant runs in its own subprocess (peak memory = peak-RSS growth over the
 first training step; time = the median of `--steps` steps after it), the three one after the other in each of
 `--rounds` rounds, so a drift of the machine's pace reaches every variant alike. Prints each round's ratios against
 the standard residual and their median [min, max] (target: block_attnres time overhead <= 10%).

@@ -63,7 +63,7 @@ def median_time(fn: Callable[[], object], repeats: int, warmup: int = 1) -> floa
 
 def run_isolated(target: Callable, *args) -> dict:
     """Run `target(*args, queue)` in a fresh `spawn` subprocess and return the dict it puts on the queue, so
-    each measurement sees only its own allocations (peak resident memory via `ru_maxrss`); a worker that dies
+    each measurement sees only its own allocations (peak resident memory via `peak_rss_mib`); a worker that dies
     before putting raises `RuntimeError`."""
     import multiprocessing as mp
 
@@ -84,10 +84,11 @@ def run_isolated(target: Callable, *args) -> dict:
 
 
 def peak_rss_mib() -> float:
-    """Peak resident memory of this process so far, MiB (`ru_maxrss` is KiB on Linux)."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    """Peak resident memory of this process so far, MiB: `VmHWM` of `/proc/self/status` (Linux; KiB there). Not
+    `ru_maxrss`: the kernel carries the parent's peak into a spawned process's `ru_maxrss`, so a `run_isolated`
+    worker smaller than its parent would read the parent's peak as its own and undercount its growth."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
 
 
 def tiny_text_corpus() -> tuple[dict, object, object]:

@@ -4,7 +4,7 @@ copy), then encode+pack throughput against the training step's throughput, in on
 1. Writes `ROWS` chats (`{"id", "image", "conversations"}`, 100 distinct 112 x 112 PNGs) as JSONL and Parquet under
    `--dir` (kept between runs), and a text-only copy of the first 100,000 rows.
 2. Builds each file's index in a fresh process with an empty index cache: rows/s and the peak resident memory it
-   adds (`ru_maxrss` minus the resident set after imports).
+   adds (peak RSS minus the resident set after imports).
 3. encode+pack tokens/s of the `tiny` preset's packed batches (8 x 256 tokens, 64-patch images) from the JSONL, with
    images and text-only, with 0, 1 and 2 data-loader workers (steady state, from the first batch on; interleaved
    rounds, median and spread), against the
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import run_isolated  # noqa: E402
+from common import peak_rss_mib, run_isolated  # noqa: E402
 
 WORDS = ("the cat sat on a red mat while two dogs ran past the old blue house near the river bank at noon and "
          "everyone watched quietly from the bridge").split()
@@ -79,8 +79,6 @@ def _rss_mib() -> float:
 
 def _index(path: str, cache: str, queue) -> None:
     """In a fresh process: build `path`'s index with an empty cache; report time, rows and added peak memory."""
-    import resource
-
     os.environ["KIMI_VL_CACHE"] = cache
     from kimi_vl.data.sources import open_file
 
@@ -88,7 +86,7 @@ def _index(path: str, cache: str, queue) -> None:
     t0 = time.perf_counter()
     reader = open_file(Path(path))
     seconds = time.perf_counter() - t0
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    peak = peak_rss_mib()
     queue.put({"rows": len(reader), "seconds": seconds, "added_mib": peak - before})
 
 

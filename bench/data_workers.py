@@ -28,6 +28,9 @@ from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor
 from kimi_vl.training.trainer import Trainer
 
+WARMUP = 2
+"""First steps of each run left out of its median step time."""
+
 
 class Shifted:
     """Batch `i` of `stream` is batch `i + offset` here: timed steps from any place of the stream."""
@@ -40,15 +43,15 @@ class Shifted:
 
 
 def timed_run(stage: str, data: Any, processor: Any, steps: int, workers: int) -> tuple[float, list[float]]:
-    """Median seconds per step of `steps` training steps (`step_time` of the trainer's metrics: data, forward,
-    backward, optimizer) and the losses."""
+    """Median seconds per step of `steps` training steps after the first `WARMUP` (`step_time` of the trainer's
+    metrics: data, forward, backward, optimizer) and the losses of all."""
     cfg = resolve(stage, "tiny", {"progress": False, "val_every": 0, "checkpoint_every": 10 ** 9, "steps": steps})
     torch.manual_seed(0)
     model = build_model(get_preset("tiny"), processor)
     with tempfile.TemporaryDirectory() as out:
         Trainer(model, data, cfg.train, out, num_workers=workers).train()
         records = [json.loads(line) for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
-    return statistics.median(r["step_time"] for r in records[2:]), [r["loss"] for r in records]
+    return statistics.median(r["step_time"] for r in records[WARMUP:]), [r["loss"] for r in records]
 
 
 def main() -> None:
@@ -58,6 +61,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--at", type=int, nargs="+", default=[0, 1000], help="stream index of the first timed batch")
     args = ap.parse_args()
+    if args.steps <= WARMUP:
+        ap.error(f"--steps must exceed {WARMUP}: each run's first {WARMUP} steps are left out of its step time")
     cfg = resolve(args.stage, "tiny", {}, seed=0)
     processor = build_processor(resolve("pretrain", "tiny", {}, seed=0).data, seed=0)
     data, _, _ = (pretrain_data if args.stage == "pretrain" else sft_data)(cfg.data, processor, 0)

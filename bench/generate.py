@@ -192,6 +192,8 @@ def main() -> None:
     ap.add_argument("--eval-items", type=int, default=32)
     ap.add_argument("--eval-rounds", type=int, default=3)
     args = ap.parse_args()
+    if args.new < 2:
+        ap.error("--new must be at least 2: decode tokens/s counts the new tokens after the first")
     torch.set_num_threads(args.threads)
     if args.eval:
         bench_eval(args)

@@ -8,7 +8,7 @@ with ``cu_seqlens``, transformers' (whose torch path has no varlen) one call per
 Method (each implementation runs in its own fresh ``spawn`` subprocess, so neither sees the other's
 allocations):
 
-* memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` is read after the inputs are built (baseline) and
+* memory: the peak resident memory (``VmHWM``) is read after the inputs are built (baseline) and
   after the first forward+backward; the difference is the peak extra resident memory of one training step.
   The peak after all timed repeats is printed too (the allocator may fragment over repeats).
 * time: median wall time of ``--repeats`` forward+backward runs after that first (warm-up) run.

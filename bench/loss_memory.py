@@ -3,7 +3,7 @@
 
 The last hidden states `[1, tokens, hidden]` go through an LM head over `--vocab` tokens and the next-token
 cross-entropy, forward and backward, fp32 on the CPU. Each variant runs in its own subprocess (peak memory =
-`ru_maxrss` growth over the first forward and backward; time = the median of `--steps` after it), the two one after
+peak-RSS growth over the first forward and backward; time = the median of `--steps` after it), the two one after
 the other in each of `--rounds` rounds. Prints each round's figures, then the chunked loss's peak memory and time as
 ratios to the full loss, median [min, max] over the rounds. The small preset's micro-batch is 16384 tokens over a
 32768-token vocabulary; Kimi's own vocabulary has 163840 tokens.

@@ -61,6 +61,8 @@ def main() -> None:
                     "batches are the option-letter drill)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.steps <= 2:
+        ap.error("--steps must exceed 2: each run's first 2 steps are left out of its step time")
     if args.worker:
         print(json.dumps(worker(args.stage, args.steps, args.at)))
         return

@@ -2,7 +2,7 @@
 
 1. transformers' `Kimi_K25VisionModel` with the same config and weights (imported with `convert_kimi_k25_vision`):
    time ratio theirs/ours (> 1: ours is faster) and peak-memory growth of one forward, each measured in its own
-   `spawn` subprocess (`ru_maxrss`), ratio theirs/ours (> 1: ours uses less);
+   `spawn` subprocess (peak RSS), ratio theirs/ours (> 1: ours uses less);
 2. our own weights run as a padded batch (every image padded to the largest, a key-padding mask, batched dense
    attention): time ratio padded/packed.
 
@@ -112,7 +112,7 @@ def memory_target(kind: str, path: str, queue) -> None:
     model = load(kind, Path(path))
     px, grid = inputs()
     ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap back, so the forward's pages count as growth
-    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (ru_maxrss) left by imports and loading
+    Path("/proc/self/clear_refs").write_text("5")  # reset the peak (VmHWM) left by imports and loading
     before = peak_rss_mib()
     forward(model, kind, px, grid)
     queue.put({"growth_mib": peak_rss_mib() - before})
@@ -134,8 +134,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory() as tmp:
         hf_path, our_path = build_checkpoints(Path(tmp))
-        # Memory first: a spawned child's ru_maxrss starts at the parent's RSS at fork time, so the parent must
-        # stay smaller than the child's baseline (no models loaded here yet).
+        # Memory first, each forward in its own process (its own peak, not this larger process's: `peak_rss_mib`).
         memory: dict[str, list[float]] = {"theirs": [], "ours": []}
         for _ in range(args.memory_rounds):
             for kind, path in (("theirs", hf_path), ("ours", our_path)):
