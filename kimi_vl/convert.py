@@ -596,9 +596,26 @@ CONVERTERS = {"kimi_linear": "kimi-vl convert kimi-linear", "kimi_k25": "kimi-vl
 
 
 def _copy_tokenizer_files(src: Path, dst: Path) -> None:
-    for name in TOKENIZER_FILES:
+    """Copy the tokenizer, chat template and generation files of `src` into `dst`, with the remote-code modules that
+    `tokenizer_config.json`'s `auto_map` names (the released Kimi repos' `tokenization_kimi.py`), so the tokenizer
+    loads from `dst` as it does from `src`."""
+    for name in TOKENIZER_FILES + _tokenizer_modules(src):
         if (src / name).is_file():
             shutil.copy2(src / name, dst / name)
+
+
+def _tokenizer_modules(src: Path) -> tuple[str, ...]:
+    """The `module.py` files holding the tokenizer classes that `src/tokenizer_config.json`'s `auto_map` names
+    (`"AutoTokenizer": ["module.Class", fast or null]`, or the older bare pair; a `repo--module.Class` reference
+    lives in another repository)."""
+    try:
+        auto_map = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8")).get("auto_map")
+    except (OSError, ValueError, AttributeError):  # none, unreadable or not an object: it names no module
+        return ()
+    refs = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else auto_map
+    refs = refs if isinstance(refs, list) else [refs]
+    return tuple(sorted({f"{ref.rsplit('.', 1)[0]}.py" for ref in refs
+                         if isinstance(ref, str) and "." in ref and "--" not in ref}))
 
 
 def convert_deepseek_v3(src_dir: str | Path, dst_dir: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -659,7 +676,8 @@ def kimi_k25_config(raw: dict, vision_config: MoonViTConfig, **text_overrides: A
         return KimiVLConfig(
             vision_config=vision_config, text_config=text_config, image_token_id=image_token_id,
             video_token_id=ref.video_token_id, vision_start_token_id=ref.vision_start_token_id,
-            vision_end_token_id=ref.vision_end_token_id, projector_layer_norm_eps=ref.projection_layer_norm_eps,
+            vision_end_token_id=ref.vision_end_token_id,
+            projector_layer_norm_eps=vision_config.projector_layer_norm_eps,
         )
     except ConfigError as e:
         raise CheckpointError(f"the kimi_k25 config cannot be carried over: {e}") from e

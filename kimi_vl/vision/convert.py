@@ -51,6 +51,13 @@ PROJECTOR_RENAMES = {"pre_norm": "pre_norm", "in_proj": "mlp.fc1", "proj.0": "ml
                      "out_proj": "mlp.fc2", "proj.2": "mlp.fc2"}
 QKV_PARTS = ("attn.q_proj", "attn.k_proj", "attn.v_proj", "wqkv")
 BLOCK_KEY = re.compile(r"^(layers|blocks)\.(\d+)\.(.+)\.(weight|bias)$")
+RELEASED_VISION_FIELDS = {
+    "hidden_size": "vt_hidden_size", "num_attention_heads": "vt_num_attention_heads",
+    "num_hidden_layers": "vt_num_hidden_layers", "intermediate_size": "vt_intermediate_size",
+    "pos_emb_height": "init_pos_emb_height", "pos_emb_width": "init_pos_emb_width", "pos_emb_time": "init_pos_emb_time",
+}
+"""transformers' `Kimi_K25VisionConfig` field -> its name in the released remote-code `vision_config` (which also
+holds the projector's `projector_ln_eps` and input width `mm_hidden_size`)."""
 
 
 def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
@@ -75,16 +82,20 @@ def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
     raw = load_config_json(src, MODEL_TYPES, "convert_kimi_k25_vision")
     model_type, config_file = raw["model_type"], src / "config.json"
     vision = raw if model_type == "kimi_k25_vision" else raw.get("vision_config") or {}
+
+    def field(name: str, default):
+        return vision.get(name, vision.get(RELEASED_VISION_FIELDS.get(name, name), default))
+
     fields = {
         "patch_size": vision.get("patch_size", 14),
-        "hidden_size": vision.get("hidden_size", 1152),
-        "num_attention_heads": vision.get("num_attention_heads", 16),
-        "num_hidden_layers": vision.get("num_hidden_layers", 27),
-        "intermediate_size": vision.get("intermediate_size", 4304),
+        "hidden_size": field("hidden_size", 1152),
+        "num_attention_heads": field("num_attention_heads", 16),
+        "num_hidden_layers": field("num_hidden_layers", 27),
+        "intermediate_size": field("intermediate_size", 4304),
         "hidden_act": vision.get("hidden_act", "gelu_pytorch_tanh"),
-        "pos_emb_height": vision.get("pos_emb_height", 64),
-        "pos_emb_width": vision.get("pos_emb_width", 64),
-        "temporal_chunk_size": vision.get("pos_emb_time", 4),
+        "pos_emb_height": field("pos_emb_height", 64),
+        "pos_emb_width": field("pos_emb_width", 64),
+        "temporal_chunk_size": field("pos_emb_time", 4),
         "merge_kernel_size": vision.get("merge_kernel_size", [2, 2]),
         "rope_theta": (vision.get("rope_parameters") or {}).get("rope_theta", 10000.0),
     }
@@ -93,8 +104,8 @@ def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
         if "hidden_size" not in text:
             raise CheckpointError(f"{config_file}: text_config.hidden_size is missing (the projector's output width).")
         fields["projector_out_size"] = text["hidden_size"]
-        fields["projector_layer_norm_eps"] = raw.get("projection_layer_norm_eps", 1e-5)
-        norm_size = raw.get("projection_hidden_size", fields["hidden_size"])
+        fields["projector_layer_norm_eps"] = raw.get("projection_layer_norm_eps", field("projector_ln_eps", 1e-5))
+        norm_size = raw.get("projection_hidden_size", field("mm_hidden_size", fields["hidden_size"]))
         if norm_size != fields["hidden_size"]:
             raise CheckpointError(f"{config_file}: projection_hidden_size={norm_size} differs from the vision "
                                   f"hidden_size={fields['hidden_size']}; the projector norms each vision patch.")

@@ -259,3 +259,38 @@ def test_bad_input_names_the_problem_and_leaves_nothing(converted, tmp_path):
     with pytest.raises(CheckpointError, match="not empty"):
         convert_kimi_k25(root / "src", out)
     assert [p.name for p in out.iterdir()] == ["keep.txt"] and not leftovers()
+
+
+def test_released_remote_code_vision_config(converted, tmp_path):
+    """The released repos' config.json names the MoonViT sizes as their remote code does (`vt_hidden_size`,
+    `init_pos_emb_height`, `projector_ln_eps`, `mm_hidden_size`, ...), not as transformers' `Kimi_K25VisionConfig`:
+    those names are read, not replaced by the full-size defaults."""
+    import shutil
+
+    from kimi_vl.convert import convert_kimi_k25_vision
+    from kimi_vl.vision import MoonViTModel
+
+    reference, ours, root = converted
+    src = tmp_path / "released"
+    shutil.copytree(root / "src", src)
+    raw = json.loads((src / "config.json").read_text())
+    v = raw.pop("vision_config")
+    raw.pop("projection_hidden_size"), raw.pop("projection_layer_norm_eps")
+    raw["vision_config"] = {
+        "vt_hidden_size": v["hidden_size"], "vt_num_attention_heads": v["num_attention_heads"],
+        "vt_num_hidden_layers": v["num_hidden_layers"], "vt_intermediate_size": v["intermediate_size"],
+        "init_pos_emb_height": v["pos_emb_height"], "init_pos_emb_width": v["pos_emb_width"],
+        "init_pos_emb_time": v["pos_emb_time"], "merge_kernel_size": v["merge_kernel_size"], "patch_size": 14,
+        "mm_hidden_size": v["hidden_size"], "projector_ln_eps": 1e-5, "model_type": "",
+        "text_hidden_size": raw["text_config"]["hidden_size"], "pos_emb_type": "divided_fixed",
+        "merge_type": "sd2_tpool", "mm_projector_type": "patchmerger", "video_attn_type": "spatial_temporal",
+    }
+    (src / "config.json").write_text(json.dumps(raw))
+    convert_kimi_k25(src, tmp_path / "dst")
+    released = KimiVLForConditionalGeneration.from_pretrained(tmp_path / "dst").eval()
+    assert released.config.vision_config.to_dict() == ours.config.vision_config.to_dict()
+    batch = multi_image_inputs(reference.config)
+    with torch.no_grad():
+        assert (released(**batch).logits - reference_logits(reference, batch)).abs().max() < TOL
+    convert_kimi_k25_vision(src, tmp_path / "vision")
+    assert MoonViTModel.from_pretrained(tmp_path / "vision").config.hidden_size == v["hidden_size"]

@@ -1,5 +1,7 @@
 """Parity with transformers' own `KimiLinearForCausalLM`: tiny random configs saved, converted, loaded."""
 
+import json
+
 import pytest
 import torch
 from transformers import KimiLinearConfig, KimiLinearForCausalLM
@@ -199,3 +201,55 @@ def test_convert_into_an_existing_folder_needs_overwrite_and_never_mixes_checkpo
     with torch.no_grad():
         ref, got = second.eval()(ids, attention_mask=mask).logits, ours(ids, attention_mask=mask).logits
     assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
+
+
+REMOTE_TOKENIZER = '''
+from transformers import PreTrainedTokenizer
+
+
+class TikTokenTokenizer(PreTrainedTokenizer):
+    vocab_files_names = {"vocab_file": "tiktoken.model"}
+
+    def __init__(self, vocab_file, **kwargs):
+        self.letters = {chr(97 + i): i + 3 for i in range(26)}
+        super().__init__(**kwargs)
+
+    @property
+    def vocab_size(self):
+        return 97
+
+    def get_vocab(self):
+        return dict(self.letters)
+
+    def _tokenize(self, text):
+        return [c for c in text if c in self.letters]
+
+    def _convert_token_to_id(self, token):
+        return self.letters.get(token, 0)
+
+    def _convert_id_to_token(self, index):
+        return chr(94 + index)
+
+    def save_vocabulary(self, save_directory, filename_prefix=None):
+        return ()
+'''
+
+
+def test_remote_code_tokenizer_of_a_released_repo_loads_from_the_conversion(tmp_path):
+    """The released repos ship their tokenizer as remote code (`tiktoken.model`, `tokenizer_config.json` whose
+    `auto_map` names `tokenization_kimi.TikTokenTokenizer`, `tokenization_kimi.py`): the module is carried with the
+    other tokenizer files, so the tokenizer loads from the converted directory as it does from the source."""
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "src"
+    _hf_model("hybrid").save_pretrained(src)
+    (src / "tokenization_kimi.py").write_text(REMOTE_TOKENIZER)
+    (src / "tiktoken.model").write_text("ranks")
+    (src / "tokenizer_config.json").write_text(json.dumps({
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+        "tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]"}))
+    (src / "chat_template.jinja").write_text("{% for m in messages %}{{ m.content }}<|im_end|>{% endfor %}")
+    convert_kimi_linear(src, tmp_path / "dst")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "dst", trust_remote_code=True)
+    assert type(tok).__name__ == "TikTokenTokenizer" and tok("abc").input_ids == [3, 4, 5]
+    assert tok.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False) == "ab<|im_end|>"
