@@ -13,7 +13,7 @@ from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
 
 from .configuration import KimiVLConfig
-from .errors import ShapeError
+from .errors import InvalidMediaError, ShapeError
 from .fusion.embedding import fuse_media, media_tokens, repeat_media_per_sample
 from .text import KimiHybridCache, KimiTextForCausalLM
 from .text.cache import HybridCacheGenerationMixin
@@ -166,8 +166,17 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
                 # Decode steps carry no media (they were encoded at prefill); a generated placeholder id is text.
                 inputs_embeds = self.get_input_embeddings()(input_ids)
             else:
-                inputs_embeds = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos,
-                                           video_grid_thw)
+                try:
+                    inputs_embeds = self.embed(input_ids, pixel_values, image_grid_thw, pixel_values_videos,
+                                               video_grid_thw)
+                except InvalidMediaError as e:
+                    if not decoding:
+                        raise
+                    raise InvalidMediaError(
+                        f"{e} This call continues a cache of {cache.get_seq_length()} tokens, whose media were "
+                        "encoded when those tokens were read: pass only the media of the new tokens (a next turn: "
+                        "its own images, or none), not the whole conversation's."
+                    ) from e
         elif pixel_values is not None or pixel_values_videos is not None:
             raise ShapeError("Media need input_ids to locate their placeholders; pass input_ids, not inputs_embeds.")
         if self.training and input_ids is not None and kwargs.get("token_mask") is None:

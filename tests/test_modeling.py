@@ -169,6 +169,23 @@ def test_past_key_values_is_taken_as_the_cache_with_images():
     assert (got - full[:, -2:]).abs().max() < 1e-4
 
 
+@torch.no_grad()
+def test_continuing_a_cache_takes_only_the_new_tokens_media():
+    """A next turn continues the cache with its own media; passing the whole conversation's images again (their
+    placeholders already in the cache) says so, instead of only "build inputs with KimiVLProcessor"."""
+    model = tiny_vl()
+    (p1, g1), (p2, g2) = image(2, 2), image(2, 4)
+    turn1 = torch.tensor([sample([3], [g1], [4, 5])])
+    turn2 = torch.tensor([sample([6], [g2], [7])])
+    full = model(torch.cat([turn1, turn2], 1), pixel_values=torch.cat([p1, p2]), image_grid_thw=torch.tensor([g1, g2]),
+                 use_cache=False).logits
+    cache = model(turn1, pixel_values=p1, image_grid_thw=torch.tensor([g1])).past_key_values
+    got = model(turn2, pixel_values=p2, image_grid_thw=torch.tensor([g2]), cache=cache).logits
+    assert (got - full[:, turn1.shape[1]:]).abs().max() < 1e-4
+    with pytest.raises(InvalidMediaError, match="continues a cache of .* pass only the media of the new tokens"):
+        model(turn2, pixel_values=torch.cat([p1, p2]), image_grid_thw=torch.tensor([g1, g2]), cache=cache)
+
+
 def test_num_return_sequences_and_beams_repeat_each_samples_own_media():
     """`num_return_sequences` / `num_beams` repeat every sample with its own media: the first step's logits of each
     copy are its sample's (transformers' `repeat_interleave` of the patch and grid rows mixed the samples' media)."""

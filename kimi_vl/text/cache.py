@@ -12,6 +12,7 @@ long-context decode benchmarks read exactly what a real prefill would have writt
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -178,7 +179,8 @@ class KimiHybridCache(Cache):
 class HybridCacheGenerationMixin:
     """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` checks its prompt ids and gets a
     `KimiHybridCache` (built from `config.get_text_config()`, preallocated for the prompt and the new tokens) unless
-    the caller passes a cache or turns caching off."""
+    the caller passes a cache or turns caching off; a `cache_implementation` other than "dynamic" is ignored with a
+    warning."""
 
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
         """transformers' `generate`; prompt ids must be `[B, T]` with T >= 1, each in the vocabulary or a media
@@ -195,6 +197,14 @@ class HybridCacheGenerationMixin:
             if bad.any():
                 raise ShapeError(f"prompt id {int(ids[bad][0])} is outside the vocabulary (0..{vocab - 1}); encode the "
                                  "prompt with this model's tokenizer or processor.")
+        config = kwargs.get("generation_config") or self.generation_config
+        cache_implementation = kwargs.get("cache_implementation", config.cache_implementation)
+        if cache_implementation not in (None, "dynamic"):
+            warnings.warn(
+                f"cache_implementation={cache_implementation!r} is ignored: Kimi models decode with a KimiHybridCache "
+                "(fixed-size KDA states, MLA latents preallocated for prompt + new tokens), which has no static, "
+                "offloaded or quantized variant; leave cache_implementation unset.", UserWarning, stacklevel=2,
+            )
         return super().generate(inputs, *args, **kwargs)
 
     def _prepare_cache_for_generation(

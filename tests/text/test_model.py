@@ -1,5 +1,7 @@
 """Behaviour of the text backbone: cache equivalence, sampling/batched generation, cache memory, bad input."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -147,6 +149,47 @@ def test_generate_continues_from_a_returned_cache(layer_types):
     assert first.cache.get_seq_length() == 18  # the last new token is not fed yet
     more = model.generate(first.sequences, cache=first.cache, max_new_tokens=6, **kw)
     assert torch.equal(more, model.generate(ids, max_new_tokens=10, **kw))
+
+
+@torch.no_grad()
+def test_cache_implementation_is_ignored_with_a_warning():
+    """A `cache_implementation` naming another kind of cache (static, offloaded, ...) cannot be honoured: generate
+    says so and decodes with its KimiHybridCache, token for token as without it."""
+    model = tiny_model()
+    ids = torch.randint(3, 61, (1, 6))
+    kw = dict(max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None)
+    plain = model.generate(ids, **kw)
+    with pytest.warns(UserWarning, match="cache_implementation='static' is ignored"):
+        assert torch.equal(model.generate(ids, cache_implementation="static", **kw), plain)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(model.generate(ids, cache_implementation="dynamic", **kw), plain)
+
+
+@pytest.mark.parametrize("draft", ["assistant_model", "prompt_lookup_num_tokens"])
+@torch.no_grad()
+def test_assisted_generation_is_refused_before_decoding(draft):
+    """Assisted decoding rewinds the cache past rejected draft tokens, which a KDA recurrent state cannot do: it is
+    refused up front (transformers' check of `_is_stateful`), not after a prefill or with wrong tokens."""
+    model = tiny_model()
+    kw = {"assistant_model": tiny_model(seed=1)} if draft == "assistant_model" else {draft: 2}
+    with pytest.raises(ValueError, match="not supported with stateful models"):
+        model.generate(torch.randint(3, 61, (1, 6)), max_new_tokens=4, do_sample=False, pad_token_id=0, **kw)
+
+
+@torch.no_grad()
+def test_beam_search_finds_the_exhaustive_best_continuation():
+    """Beam search over 2 new tokens (no EOS, no length penalty) returns the most likely pair of all vocab**2."""
+    model = tiny_model().double()
+    ids = torch.randint(3, 61, (1, 5))
+    pairs = torch.cartesian_prod(torch.arange(61), torch.arange(61))
+    seqs = torch.cat([ids.expand(len(pairs), -1), pairs], 1)
+    logp = model(seqs, use_cache=False).logits[:, 4:6].log_softmax(-1)
+    scores = logp.gather(-1, pairs[:, :, None]).sum((1, 2))
+    out = model.generate(ids, max_new_tokens=2, num_beams=3, do_sample=False, pad_token_id=0, eos_token_id=None,
+                         length_penalty=0.0, return_dict_in_generate=True, output_scores=True)
+    assert out.sequences[0, 5:].tolist() == pairs[scores.argmax()].tolist()
+    assert abs(out.sequences_scores.item() - scores.max().item()) < 1e-5
 
 
 @torch.no_grad()
