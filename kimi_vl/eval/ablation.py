@@ -40,17 +40,16 @@ MathVista proxy's 100 pinned items the two arms' paired deltas spread by 3.6 poi
 most of it which items a run happens to flip; on 400 items the same runs spread by 1.4. The MMLU-Pro proxy's 140
 already give about 1 point."""
 
-# Two-sided 95% Student t quantiles by degrees of freedom (df > 30: normal approximation).
+# Two-sided 95% Student t quantiles by degrees of freedom.
 _T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228,
-        15: 2.131, 20: 2.086, 30: 2.042}
+        15: 2.131, 20: 2.086, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980}
 
 
 def t95(df: int) -> float:
-    """Two-sided 95% Student t quantile for `df` degrees of freedom (the nearest tabulated df at or below it)."""
+    """Two-sided 95% Student t quantile for `df` degrees of freedom: the tabulated one at the nearest df at or below
+    it, never below the exact quantile (an interval at least as wide as the exact one; exact for df <= 10)."""
     if df < 1:
         raise ConfigError("a confidence interval needs at least two seeds.")
-    if df > 30:
-        return 1.96
     return _T95[max(k for k in _T95 if k <= df)]
 
 

@@ -398,23 +398,26 @@ def compute_scores(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
 def baselines(problems: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """What answering without reading gets on `problems`: `chance` (uniform guessing among the choices; free-form
     questions count 0) and `constant` (on multiple choice always the letter most often correct, on free form always
-    the most frequent answer; `constant_answer` names them)."""
+    the most frequent answer; `constant_answer` names them). The constant answers are scored like any extraction
+    (`is_correct`), so the free-form `6` is also right on a float answer `6.0`, and a letter past a problem's choices
+    is right where the choice nearest to it is."""
     rows = list(problems.values())
     if not rows:
         return {"chance": 0.0, "constant": 0.0, "constant_answer": "none"}
     mc = [p for p in rows if p["question_type"] == "multi_choice"]
-    free = [str(p["answer"]) for p in rows if p["question_type"] != "multi_choice"]
-    hits, described = 0, []
+    free = [p for p in rows if p["question_type"] != "multi_choice"]
+    constants, described = [], []
     if mc:
         indices = Counter(list(p["choices"]).index(p["answer"]) for p in mc)
-        index, n = min(indices.items(), key=lambda kv: (-kv[1], kv[0]))
-        hits += n
-        described.append(f"({chr(ord('A') + index)}) on multiple choice")
+        letter = chr(ord("A") + min(indices.items(), key=lambda kv: (-kv[1], kv[0]))[0])
+        constants += [(p, letter) for p in mc]
+        described.append(f"({letter}) on multiple choice")
     if free:
-        answer, n = min(Counter(free).items(), key=lambda kv: (-kv[1], kv[0]))
-        hits += n
+        answer = min(Counter(str(p["answer"]) for p in free).items(), key=lambda kv: (-kv[1], kv[0]))[0]
+        constants += [(p, answer) for p in free]
         described.append(f"{answer} on free form")
-    return {"chance": sum(1 / len(p["choices"]) for p in mc) / len(rows), "constant": hits / len(rows),
+    return {"chance": sum(1 / len(p["choices"]) for p in mc) / len(rows),
+            "constant": sum(is_correct(p, answer) for p, answer in constants) / len(rows),
             "constant_answer": ", ".join(described)}
 
 

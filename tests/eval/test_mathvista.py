@@ -184,17 +184,32 @@ def test_rows_without_pid_or_answer_and_shared_pids_name_the_row(tmp_path):
 
 def test_constant_answer_baseline():
     """Without reading: uniform guessing gets 1 / choices on multiple choice and nothing on free form; the best
-    constant answer (the letter most often right, the most frequent free-form answer) gets their counts."""
+    constant answer (the letter most often right, the most frequent free-form answer) gets their counts, scored
+    like any answer: (D) on the two-choice problem is the choice nearest to "D", `p`, and right there too."""
     from kimi_vl.eval.mathvista import baselines
 
     problems = {
-        "1": {"question_type": "multi_choice", "choices": ["a", "b", "c", "d"], "answer": "d"},
-        "2": {"question_type": "multi_choice", "choices": ["x", "y", "z", "w"], "answer": "w"},
-        "3": {"question_type": "multi_choice", "choices": ["p", "q"], "answer": "p"},
-        "4": {"question_type": "free_form", "choices": None, "answer": "3"},
-        "5": {"question_type": "free_form", "choices": None, "answer": "3"},
-        "6": {"question_type": "free_form", "choices": None, "answer": "7"},
+        "1": {"question_type": "multi_choice", "answer_type": "text", "choices": ["a", "b", "c", "d"], "answer": "d"},
+        "2": {"question_type": "multi_choice", "answer_type": "text", "choices": ["x", "y", "z", "w"], "answer": "w"},
+        "3": {"question_type": "multi_choice", "answer_type": "text", "choices": ["p", "q"], "answer": "p"},
+        "4": {"question_type": "free_form", "answer_type": "integer", "choices": None, "answer": "3"},
+        "5": {"question_type": "free_form", "answer_type": "integer", "choices": None, "answer": "3"},
+        "6": {"question_type": "free_form", "answer_type": "integer", "choices": None, "answer": "7"},
     }
     b = baselines(problems)
-    assert b["chance"] == pytest.approx((0.25 + 0.25 + 0.5) / 6) and b["constant"] == pytest.approx(4 / 6)
+    assert b["chance"] == pytest.approx((0.25 + 0.25 + 0.5) / 6) and b["constant"] == pytest.approx(5 / 6)
     assert b["constant_answer"] == "(D) on multiple choice, 3 on free form"
+
+
+def test_constant_answer_baseline_is_what_the_scorer_gives_that_answer():
+    """The constant answer's score is the official scorer's: the free-form answer `6.0` is also right on the integer
+    answer `6` (`int(float("6.0"))`), so it is right 3 times, not the 2 its string occurs."""
+    def free(answer, answer_type="integer", precision=None):
+        return {"question_type": "free_form", "answer_type": answer_type, "precision": precision, "choices": None,
+                "answer": answer}
+
+    problems = dict(enumerate([free("6"), free("6.0", "float", 1), free("6.0", "float", 1), free("7"), free("7"),
+                               free("2.5", "float", 1)]))
+    b = mv.baselines(problems)
+    assert b["constant_answer"] == "6.0 on free form" and b["constant"] == pytest.approx(3 / 6)
+    assert b["constant"] == pytest.approx(sum(mv.is_correct(p, "6.0") for p in problems.values()) / 6)
