@@ -1,6 +1,6 @@
 """Data sources: random-access readers of users' files and Hugging Face datasets.
 
-A `Source` is what one `--data SRC[=WEIGHT]` names: a file, a folder (every data file under it, sorted), a glob, or
+A `Source` is what one `--data SRC[=WEIGHT]` names: a file, a folder (its non-hidden data files, sorted), a glob, or
 `hf:ORG/NAME[:CONFIG][@SPLIT]`. It has `len(source)` records and `source.read(i) -> (row, where)`; rows are never
 all loaded. Each file is indexed once (where its records are) and the index is cached on disk under
 `$KIMI_VL_CACHE/index` (default `~/.cache/kimi_vl/index`), keyed by the file's path, size and modification time:
@@ -498,11 +498,15 @@ def split_weight(spec: str) -> tuple[str, float | None]:
 
 def data_files(target: str) -> list[Path]:
     """The data files a path, folder or glob names (sorted; folders and globs keep only `DATA_SUFFIXES`). An existing
-    file or folder is taken as named, even when its name holds glob characters (`data [v2].json`)."""
+    file or folder is taken as named, even when its name holds glob characters (`data [v2].json`). A folder, like a
+    glob, skips hidden files and folders (names starting with `.`: `.ipynb_checkpoints/` copies, macOS `._*`
+    files), as `datasets` does."""
     if os.path.isfile(target):
         return [Path(target)]
     if os.path.isdir(target):
-        found = sorted(p for p in Path(target).rglob("*") if p.is_file())
+        root = Path(target)
+        found = sorted(p for p in root.rglob("*")
+                       if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts))
     elif any(c in target for c in "*?["):
         found = sorted(Path(p) for p in globlib.glob(target, recursive=True))
     else:

@@ -132,6 +132,20 @@ def test_sources_weights_folders_and_globs(user_data, tmp_path):
     assert src.where(4) == (str(root / "shards" / "part-00001.tar"), "sample11")
 
 
+def test_a_folder_skips_hidden_files_as_a_glob_does(tmp_path):
+    # a notebook's checkpoint copy (the data twice) and a macOS resource fork (binary) are no data of the folder
+    root = tmp_path / ".data"  # the folder itself may be hidden: only names under it count
+    (root / ".ipynb_checkpoints").mkdir(parents=True)
+    (root / "sub").mkdir()
+    for path in (root / "train.jsonl", root / "sub" / "more.jsonl", root / ".ipynb_checkpoints" / "train.jsonl"):
+        path.write_text('{"text": "a"}\n')
+    (root / "._train.jsonl").write_bytes(b"\x00\x05\x16\x07\x00\x02")
+    expected = [root / "sub" / "more.jsonl", root / "train.jsonl"]
+    assert data_files(str(root)) == expected
+    assert data_files(str(root / "**" / "*.jsonl")) == expected
+    assert len(open_source(str(root))) == 2
+
+
 def test_files_with_a_byte_order_mark_are_read_without_it(user_data, tmp_path):
     """A LLaVA JSON array saved with a UTF-8 byte order mark (Windows editors, PowerShell) is read as an array, not
     as JSON lines that are each malformed."""
