@@ -17,7 +17,8 @@ Four implementations share this contract:
   the torch path) for prefill/training.
 
 All compute in float32 (float64 inputs stay float64), return ``o`` in the dtype of ``q`` and the final
-state in the compute dtype.
+state in the compute dtype; :func:`chunk_kda` and :func:`fused_recurrent_kda` switch autocast off around the torch
+paths (a bf16 autocast region, as in mixed-precision training, would otherwise run their matmuls in bf16).
 
 Dispatch of :func:`chunk_kda` and :func:`fused_recurrent_kda`: CUDA tensors use the Triton kernels
 (:mod:`kimi_vl.kernels.kda_triton`), CPU tensors the torch paths (:func:`chunk_kda_torch`,
@@ -38,6 +39,7 @@ import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
 from kimi_vl.errors import ConfigError, ShapeError
+from kimi_vl.kernels.autocast import autocast_off
 from kimi_vl.kernels.offsets import host_offsets
 
 # Shared by the torch and Triton paths (kda_triton imports them): chunk and sub-chunk lengths of the chunked
@@ -308,7 +310,8 @@ def fused_recurrent_kda(
 
         offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
         return fused_recurrent_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
-    return fused_recurrent_kda_torch(q, k, v, g, beta, **kw)
+    with autocast_off(q):
+        return fused_recurrent_kda_torch(q, k, v, g, beta, **kw)
 
 
 def fused_recurrent_kda_torch(
@@ -535,7 +538,8 @@ def chunk_kda(
         offsets = _check(q, k, v, g, beta, initial_state, cu_seqlens)
         kw.pop("cu_seqlens")
         return chunk_kda_triton(q, k, v, g, beta, offsets=offsets, **kw)
-    return chunk_kda_torch(q, k, v, g, beta, **kw)
+    with autocast_off(q):
+        return chunk_kda_torch(q, k, v, g, beta, **kw)
 
 
 def chunk_kda_torch(

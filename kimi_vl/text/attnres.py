@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from ..activation_checkpointing import run_checkpointed
+from ..kernels.autocast import autocast_off
 from ..optim_contract import ADAMW
 
 
@@ -114,7 +115,8 @@ class AttnResidual(nn.Module):
         """Softmax over depth of sublayer `l >= 1` (`l = num_sublayers`: the final aggregation) over the current
         sources (completed ones, then the partial sum if any): `[n, B, T]`, fp32, summing to 1 per token."""
         normed = state.normed + ([self._normalise(state.partial)] if state.partial is not None else [])
-        return torch.stack([k @ self._query(l) for k in normed], 0).softmax(0)
+        with autocast_off(normed[0]):
+            return torch.stack([k @ self._query(l) for k in normed], 0).softmax(0)
 
     def _direct(self, state: AttnResState, l: int) -> torch.Tensor:
         """Softmax over all current sources at once. Returns `[B, T, d]` in the sources' dtype."""
@@ -128,11 +130,12 @@ class AttnResidual(nn.Module):
         copies): unnormalised sum `o [B, T, S, d]`, max and exp-sum `[B, T, S]` per query."""
         q = torch.stack([self._query(l) for l in layers])  # [S, d]
         keys = torch.stack(normed, 2)  # [B, T, n, d]
-        logits = keys @ q.T  # [B, T, n, S]
-        m = logits.amax(2)
-        e = (logits - m[:, :, None]).exp()
-        values = torch.stack(sources, 2).float()  # [B, T, n, d]
-        o = e.transpose(2, 3) @ values  # [B, T, S, d]
+        with autocast_off(keys):  # fp32 in bf16 mixed precision too
+            logits = keys @ q.T  # [B, T, n, S]
+            m = logits.amax(2)
+            e = (logits - m[:, :, None]).exp()
+            values = torch.stack(sources, 2).float()  # [B, T, n, d]
+            o = e.transpose(2, 3) @ values  # [B, T, S, d]
         return o, m, e.sum(2)
 
     def _phase2(self, o: torch.Tensor, m: torch.Tensor, s: torch.Tensor, n: int, p: torch.Tensor | None, l: int,
@@ -141,7 +144,8 @@ class AttnResidual(nn.Module):
         sources) merged with the partial sum `p` (online softmax); `[B, T, d]` in `p`'s dtype, else `dtype`."""
         if p is None:
             return (n * o / s[..., None]).to(dtype)
-        logit = self._normalise(p) @ self._query(l)  # [B, T]
+        with autocast_off(p):
+            logit = self._normalise(p) @ self._query(l)  # [B, T]
         m_new = torch.maximum(m, logit)
         a, b = (m - m_new).exp(), (logit - m_new).exp()
         h = (a[..., None] * o + b[..., None] * p.float()) / (a * s + b)[..., None]

@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels.autocast import autocast_off
 from ..optim_contract import MUON_BATCHED
 from .configuration import KimiTextConfig
 
@@ -71,7 +72,8 @@ class TopKRouter(nn.Module):
         return self
 
     def forward(self, x: torch.Tensor, counted: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        scores = F.linear(x.float(), self.weight.float()).sigmoid()
+        with autocast_off(x):  # fp32 scores in bf16 mixed precision too: bf16 logits change the chosen experts
+            scores = F.linear(x.float(), self.weight.float()).sigmoid()
         biased = scores + self.e_score_correction_bias.float()
         choice = biased
         if self.n_group > 1:

@@ -112,6 +112,10 @@ class MuonClip(torch.optim.Optimizer):
     (clipped unless their query/key weights are frozen); `last_max_logits` maps each of them to its per-head max
     logit `[num_heads]` (fp32, on the CPU; before clipping, over micro-batches and ranks) of the last step; modules
     that ran in no forward since the previous step are absent.
+
+    Updates are applied in each parameter's own dtype and no fp32 master copy is kept (as in `torch.optim`): train
+    fp32 weights under bf16 autocast (the trainer's `--precision bf16`); on a model cast to bf16 an update below
+    half a bf16 ulp of its weight is lost (at lr 1e-4 most of them).
     """
 
     def __init__(

@@ -251,3 +251,20 @@ def test_naive_chunk_varlen_matches_the_recurrence_float64(use_h0):
     out = run(naive_chunk_kda, inputs, use_h0, use_qk_l2norm=True, cu_seqlens=cu)
     for name in NAMES:
         assert (out[name] - ref[name]).abs().max().item() < 1e-10, name
+
+
+@pytest.mark.parametrize("fn", [chunk_kda, fused_recurrent_kda])
+def test_fp32_inputs_stay_fp32_under_bf16_autocast(fn):
+    """Mixed-precision training (`--precision bf16`) runs the model under autocast: the kernel still computes in
+    fp32 (autocast would run its matmuls in bf16, ~1e-3 off)."""
+    inputs = make_inputs(B=1, T=64, H=2, Dk=32, Dv=32, dtype=torch.float32)
+    ref = run(fn, inputs, use_qk_l2norm=True)
+
+    def autocast_forward(*args, **kw):  # the backward outside autocast, as torch recommends and the trainer does
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fn(*args, **kw)
+
+    out = run(autocast_forward, inputs, use_qk_l2norm=True)
+    for name in NAMES:
+        assert out[name].dtype == torch.float32
+        assert rel(out[name], ref[name]) < 1e-6, name

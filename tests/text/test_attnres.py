@@ -170,3 +170,27 @@ def test_attnres_parameters_are_declared_adamw():
     declared = {n for n in routes if ".residual." in n}
     assert len(declared) == 2 * (DEPTH - 1) + 2 and all(routes[n] == ADAMW for n in declared)
     assert all(p.ndim == 1 for n, p in model.named_parameters() if n in declared)
+
+
+@pytest.mark.parametrize("two_phase", [True, False])
+def test_depth_mixing_stays_fp32_under_bf16_autocast(two_phase):
+    """The depth softmax and the weighted sum of the sources are fp32 also under mixed precision (autocast would
+    run their matmuls in bf16)."""
+    res = AttnResidual(16, 7, 3)
+    _randomise_queries(torch.nn.ModuleDict({"residual": res}))
+    res.two_phase = two_phase
+    emb = torch.randn(3, 4, 16)
+    outs = [torch.randn(3, 4, 16) for _ in range(7)]
+    hs = []
+    for autocast in (False, True):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            state = res.begin(emb)
+            h = []
+            for l, out in enumerate(outs):
+                h.append(res.read(state, l))
+                res.write(state, l, out)
+            h.append(res.end(state))
+        hs.append(h)
+    for a, b in zip(*hs, strict=True):
+        assert a.dtype == torch.float32
+        assert (a - b).abs().max() < 1e-6 * max(1.0, b.abs().max().item())

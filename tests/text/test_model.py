@@ -506,3 +506,15 @@ def test_router_balancing_stays_fp32_in_a_bf16_model(tmp_path, load):
     assert gate.expert_load.sum() == 2 * 300 * model.config.num_experts_per_tok
     model.model.update_router_biases(1e-3)
     assert ((gate.e_score_correction_bias - 0.5).abs() - 1e-3).abs().max() < 1e-6
+
+
+def test_router_scores_stay_fp32_under_bf16_autocast():
+    """`s = sigmoid(x W^T)` in fp32 also under mixed precision: bf16 router logits change which experts are chosen."""
+    gate = tiny_model().model.layers[1].mlp.gate
+    x = torch.randn(64, gate.weight.shape[1]) * 3
+    weights, indices = gate(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        weights_ac, indices_ac = gate(x)
+    assert weights_ac.dtype == torch.float32
+    assert torch.equal(indices_ac, indices)
+    assert torch.allclose(weights_ac, weights, rtol=0, atol=1e-6)
