@@ -4,9 +4,10 @@
 #   1. bench/gpu_train.py: the `small` preset's pre-training, SFT and RL for a few steps (bf16): a STEP line per
 #      step as it is logged (time, loss, peak memory), then step time, tokens/s, peak memory per stage
 #   2. the `tiny` preset's first 20 pre-training steps through the kernels against the torch path (loss curves)
-#   3. bench/kda_gpu.py: the kernels' timings against the torch path, transformers' fallback and fla (when
+#   3. the `tiny` preset's pre-training for 4 steps under accelerate's FSDP2 path (one process)
+#   4. bench/kda_gpu.py: the kernels' timings against the torch path, transformers' fallback and fla (when
 #      installed; its first call autotunes for minutes, so it runs last)
-#   4. the Triton KDA kernel tests on the GPU, every shape (slow-marked ones too), each test at most 60 s
+#   5. the Triton KDA kernel tests on the GPU, every shape (slow-marked ones too), each test at most 60 s
 # Packages the machine lacks travel as wheels in .whl/ (installed to /tmp/site first), e.g.
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64 --platform manylinux2010_x86_64 \
@@ -39,6 +40,10 @@ python3 -c "from kimi_vl.training.trainer import read_metrics as r
 a, b = (r(f'/tmp/parity_{p}/metrics.jsonl') for p in ('triton', 'torch'))
 print('PARITY tiny pre-training, Triton vs torch path: max |loss difference| over', len(a), 'steps',
       max(abs(x['loss'] - y['loss']) for x, y in zip(a, b, strict=True)))" 2>&1 | tee "$OUT/parity.log"
+# accelerate's FSDP2 path on the GPU (one process: DTensor parameters, whole-tensor checkpoints, the final gather);
+# on CPUs the tests reach it only with accelerate's state switched to FSDP (tests/training/fsdp2_cpu.py)
+timeout "${FSDP_S:-45}" accelerate launch --use_fsdp --fsdp_version 2 --num_processes 1 -m kimi_vl.cli train pretrain \
+    --preset tiny --steps 4 --checkpoint-every 2 --no-progress --out /tmp/fsdp2 2>&1 | tail -2 | tee "$OUT/fsdp2.log"
 timeout "${KDA_S:-100}" python3 bench/kda_gpu.py 2>&1 | tee "$OUT/kda_gpu.log"
 timeout "${KERNELS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" --timeout 60 \
     tests/kernels/test_kda_triton.py 2>&1 | tee "$OUT/kernels.log"

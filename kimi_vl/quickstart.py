@@ -144,7 +144,7 @@ def export_final(out: Path, source: Path, seed: int) -> Path:
 
 
 def card_evaluation(ev: dict[str, Any]) -> str:
-    """The model card's evaluation: each benchmark after RL (and on the fresh draw) beside chance and the best
+    """The model card's evaluation: each benchmark after RL (and on the fresh draw) beside chance and the
     constant answer; empty without an evaluation."""
     if "rl" not in ev:
         return ""
@@ -158,7 +158,8 @@ def card_evaluation(ev: dict[str, Any]) -> str:
         lines.append(f"| {name} | {_cell(entry)} | {again}{_baseline(entry, 'chance')} | "
                      f"{_baseline(entry, 'constant')} |")
     return "\n".join(lines + ["", "Greedy generation with each benchmark's own answer extraction and scoring; the "
-                              "constant answer is the best single answer given to every item."])
+                              "constant answer is one answer given to every item: the letter most often right, and "
+                              "on free form the most frequent answer."])
 
 
 def check_arguments(preset: str, scale: float, eval_limit: int | None, data_dir: str | Path | None) -> int:
@@ -311,11 +312,11 @@ def _baseline(entry: dict[str, Any], key: str) -> str:
 def _parts_table(ev: dict[str, Any], name: str, parts: tuple[str, ...], stages: list[str], heads: dict[str, str],
                  caption: str) -> list[str]:
     """Markdown lines: benchmark `name`'s `parts` (categories, those its RL entry has) at every stage, each beside
-    its own chance and best constant answer."""
+    its own chance and constant answer."""
     parts = tuple(p for p in parts if p in ev["rl"][name].get("categories", {}))
     if not parts:
         return []
-    lines = ["", f"{name} {caption}, each beside its own chance and best constant answer:", "",
+    lines = ["", f"{name} {caption}, each beside its own chance and constant answer:", "",
              "| part | chance | constant answer | " + " | ".join(heads[n] for n in stages) + " |",
              "|---|---|---|" + "---|" * len(stages)]
     for part in parts:
@@ -327,7 +328,7 @@ def _parts_table(ev: dict[str, Any], name: str, parts: tuple[str, ...], stages: 
 
 
 def evaluation_section(ev: dict[str, Any]) -> list[str]:
-    """REPORT.md's evaluation: each benchmark against chance and the best constant answer at every stage, the fresh
+    """REPORT.md's evaluation: each benchmark against chance and the constant answer at every stage, the fresh
     draw, the MMLU-Pro proxy's categories (facts, conversions, arithmetic) and its option-letter lookup misses,
     MathVista's two parts (counting; values read off charts and diagrams), and the transfer of zero-vision SFT to
     vision."""
@@ -358,13 +359,14 @@ def evaluation_section(ev: dict[str, Any]) -> list[str]:
             lines += ["", f"Zero-vision SFT (no image in any SFT sample) moves {vision} from {100 * before:.1f}% to "
                       f"{100 * after:.1f}% ({100 * (after - before):+.1f} points)."]
         rl = ev["rl"][vision]
-        lines.append(f"After RL, {vision} is {100 * (rl['accuracy'] - rl['constant']):+.1f} points from its best "
+        lines.append(f"After RL, {vision} is {100 * (rl['accuracy'] - rl['constant']):+.1f} points from its "
                      f"constant answer.")
     lines += ["", "Accuracy is the benchmark's own generative protocol: greedy generation, the official answer "
               "extraction (MathVista: its rules, then a rule-based stand-in for its GPT extractor) and scoring "
               "(MMLU-Pro: a response without an extractable letter gets the official random guess). Chance is the "
-              "expected accuracy of uniform guessing; the constant answer is the best single answer given to every "
-              "question (a score is above chance only when it is above this)." + (
+              "expected accuracy of uniform guessing; the constant answer is one answer given to every question, the "
+              "letter most often right and on free form the most frequent answer (a score is above chance only when "
+              "it is above this)." + (
                   " The proxies' items are held out from every training draw by construction (the world's eval "
                   "split); the fresh draw is another seed of them." if proxy else ""),
               f"Settings: {ev.get('settings')}. Per-item responses and per-category reports are under "

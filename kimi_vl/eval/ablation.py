@@ -158,7 +158,7 @@ def ablation_markdown(result: dict[str, Any]) -> str:
         f"(plus as many vision prompts in the text+vision arm) x {result['rl_k']} responses each, "
         f"{result['seeds']} seed(s). Scores are accuracies in %, mean ± the 95% "
         "confidence half-width over seeds (Student t; the delta's interval is over the paired per-seed deltas), "
-        "beside chance, the best constant answer and the SFT checkpoint itself on the same items.",
+        "beside chance, the constant answer and the SFT checkpoint itself on the same items.",
         "",
         "| benchmark | chance | constant answer | SFT checkpoint | RL text | RL text+vision | delta (vision - text) |",
         "|---|---|---|---|---|---|---|",

@@ -59,7 +59,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         if entry.get("proxy"):
             lines += ["Built from the synthetic world: a proxy in the benchmark's format, not the benchmark.", ""]
         lines.append(f"Accuracy {_pct(entry['accuracy'])} ({entry['correct']}/{entry['total']}); uniform guessing "
-                     f"{_pct(entry['chance'])}, the best constant answer ({entry['constant_answer']}) "
+                     f"{_pct(entry['chance'])}, the constant answer ({entry['constant_answer']}) "
                      f"{_pct(entry['constant'])}.")
         if "random_guesses" in entry:
             lines.append(f"Questions scored by the official random guess (no answer extracted): "

@@ -98,7 +98,7 @@ def test_a_rerun_with_other_evaluation_arguments_evaluates_again(tmp_path, monke
 
 def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_path):
     """REPORT.md's evaluation table has one column per evaluated checkpoint (pre-training, SFT, RL, the fresh draw),
-    chance and the best constant answer, the MMLU-Pro proxy's categories and MathVista's two parts (each beside its
+    chance and the constant answer, the MMLU-Pro proxy's categories and MathVista's two parts (each beside its
     own baselines), the zero-vision SFT transfer, and says how accuracy was measured; an eval/done.json without the
     pre-training entry still renders."""
     from kimi_vl.eval.proxies import PROXY_EVAL_CONFIG
@@ -142,7 +142,7 @@ def test_report_shows_every_stage_against_chance_and_the_constant_answer(tmp_pat
     assert "moves mathvista_synth from 20.0% to 21.0% (+1.0 points)" in report
     assert ("mmlu_pro_synth replies that name the right value and then a wrong letter (the option-letter lookup's "
             "misses), of 100: after pre-training 0, after SFT 1, after RL 2, after RL, fresh draw 3." in report)
-    assert "After RL, mathvista_synth is +9.0 points from its best constant answer." in report
+    assert "After RL, mathvista_synth is +9.0 points from its constant answer." in report
     assert "official answer extraction" in report and "held out from every training draw" in report
     del done["pretrain"]
     (tmp_path / "eval" / "done.json").write_text(json.dumps(done))
