@@ -481,18 +481,21 @@ class Trainer:
 
     @torch.no_grad()
     def evaluate(self) -> float:
-        """Mean loss over `val_batches` batches of the validation data (the same batches every time)."""
+        """Mean loss over `val_batches` batches of the validation data (the same batches every time); a batch without
+        targets has no loss (0 / 0) and is left out (NaN if every one is)."""
         self.model.eval()
         losses = []
         for i in range(self.cfg.val_batches):
             batch = self.val_data.batch(i).to(self.accelerator.device)
+            if not loss_denominator(batch.labels, batch.cu_seqlens):
+                continue
             with self.accelerator.autocast():
                 losses.append(float(self.model(**batch.model_inputs(), return_logits=False).loss))
         self.balancing.reset()
         if isinstance(self.inner_optimizer, MuonClip):  # validation forwards must not feed the next QK-Clip
             self.inner_optimizer.reset_max_logits()
         self.model.train()
-        return sum(losses) / len(losses)
+        return sum(losses) / len(losses) if losses else math.nan
 
     @contextmanager
     def _tracking(self) -> Iterator[None]:

@@ -548,3 +548,13 @@ def test_a_micro_batch_without_targets_adds_nothing_to_its_step(tmp_path, normal
     for a, b in zip(accumulated, one, strict=True):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
         assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-5)
+
+
+def test_validation_leaves_out_batches_without_targets(tmp_path):
+    """A validation batch without targets has no loss (0 / 0): the validation loss is the other batches' mean, not
+    NaN (here batch 1 of 2 has none: the loss is batch 0's)."""
+    trainer = Trainer(tiny_lm(), CountingData(), cfg(steps=1, val_batches=2), tmp_path, val_data=TargetlessData(seed=1))
+    only_first = Trainer(tiny_lm(), CountingData(), cfg(steps=1, val_batches=1), tmp_path / "first",
+                         val_data=TargetlessData(seed=1))
+    assert trainer.evaluate() == pytest.approx(only_first.evaluate(), rel=1e-6)
+    assert math.isfinite(trainer.evaluate())
