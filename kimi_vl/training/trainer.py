@@ -434,10 +434,12 @@ class Trainer:
                 bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows it
                 bar.update(1)
                 if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
+                    resume = (f"resume from the last checkpoint in {self.state_dir}"
+                              if latest_checkpoint(self.state_dir) else "start over: no checkpoint was written yet")
                     raise TrainingDivergedError(
                         f"{self.nonfinite_in_a_row} steps in a row had a non-finite loss or gradient (last at step "
                         f"{self.step}, lr {lr:.3g}); lower the learning rate, raise max_grad_norm's strictness, or "
-                        f"resume from the last checkpoint in {self.state_dir}.")
+                        f"{resume}.")
                 can_checkpoint = self.training_step.can_checkpoint(self.step)
                 time_up = cfg.max_minutes is not None and time.monotonic() - started >= 60 * cfg.max_minutes
                 stop_now = (self.step < cfg.steps and any_rank(stop.received is not None or time_up,

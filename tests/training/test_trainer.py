@@ -438,7 +438,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
         return real_step(*a, **k)
 
     trainer.optimizer.step = step
-    with pytest.raises(TrainingDivergedError, match="3 steps in a row"):
+    with pytest.raises(TrainingDivergedError, match="3 steps in a row.*start over: no checkpoint was written yet"):
         trainer.train()
     metrics = read_metrics(tmp_path / "metrics.jsonl")
     assert [m["skipped"] for m in metrics] == [False, False, True, True, False, True, True, True]
