@@ -16,6 +16,16 @@ from .norm import GatedRMSNorm
 RECURRENT_MAX_TOKENS = 16
 
 
+def padding_runs_packed(padding_mask: torch.Tensor, continues_state: bool, keeps_state: bool) -> bool:
+    """Whether KDA must run the rows of `padding_mask [B, T]` (1 = token) as packed sequences rather than zero the
+    pads in place: when the tokens continue a cached state (`continues_state`), or pads follow tokens (right or
+    inner padding) and either the state is kept (`keeps_state`: a cache) or tokens follow pads too. One read of the
+    mask on the host."""
+    keep = padding_mask.bool()
+    rises, falls = torch.stack([(keep[:, 1:] > keep[:, :-1]).any(), (keep[:, 1:] < keep[:, :-1]).any()]).tolist()
+    return continues_state or (falls and (keeps_state or rises))
+
+
 class KimiDeltaAttention(nn.Module):
     """`o_proj(GatedRMSNorm(KDA(q, k, v, g, beta), sigmoid gate))` with
     `q, k, v = SiLU(conv4(W x))`, `g = -exp(A_log) * softplus(f_b(f_a(x)) + dt_bias)`, `beta = sigmoid(b(x))`.
@@ -54,6 +64,7 @@ class KimiDeltaAttention(nn.Module):
         padding_mask: torch.Tensor | None = None,
         cache: KimiHybridCache | None = None,
         cu_seqlens: torch.Tensor | None = None,
+        packed_padding: bool | None = None,
     ) -> torch.Tensor:
         """x `[B, T, hidden]`; padding_mask `[B, T]` (1 = token, 0 = pad; pads never enter the conv or the state,
         and their outputs are zeros); cu_seqlens `[N+1]` for packed independent sequences (B = 1).
@@ -61,17 +72,19 @@ class KimiDeltaAttention(nn.Module):
         Left padding before the first state (a prompt) and right padding without a cache are zeroed in place: a
         zero input changes nothing there. Any other padding (pads between tokens, before tokens that continue a
         cached state, or after tokens whose state the cache keeps) takes each row's tokens out of the padding and
-        runs them as packed sequences, continuing the rows' cached states and conv tails."""
+        runs them as packed sequences, continuing the rows' cached states and conv tails. `packed_padding`: that
+        choice (`padding_runs_packed`), made once for all the model's layers; None: made here."""
         B, T, _ = x.shape
         state = tail = None
         if cache is not None:
             state, tail = cache.recurrent_states[self.layer_idx], cache.conv_tails[self.layer_idx]
         if padding_mask is None:
             return self._mix(x, state, tail, cache, cu_seqlens)
-        keep = padding_mask.bool()
-        rises, falls = torch.stack([(keep[:, 1:] > keep[:, :-1]).any(), (keep[:, 1:] < keep[:, :-1]).any()]).tolist()
-        if state is None and (not falls or (cache is None and not rises)):
+        if packed_padding is None:
+            packed_padding = padding_runs_packed(padding_mask, state is not None, cache is not None)
+        if not packed_padding:
             return self._mix(x * padding_mask[..., None].to(x.dtype), state, tail, cache, cu_seqlens)
+        keep = padding_mask.bool()
         packed_cu = F.pad(keep.sum(1).cumsum(0), (1, 0))  # [B + 1]: row b's tokens are packed sequence b
         out = self._mix(x[keep][None], state, tail, cache, packed_cu)
         return out.new_zeros(B, T, out.shape[-1]).masked_scatter(keep[..., None], out)

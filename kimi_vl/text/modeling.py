@@ -16,7 +16,7 @@ from ..errors import ConfigError, ShapeError
 from .attnres import AttnResidual
 from .cache import HybridCacheGenerationMixin, KimiHybridCache
 from .configuration import KimiTextConfig
-from .kda import KimiDeltaAttention
+from .kda import KimiDeltaAttention, padding_runs_packed
 from .mla import MultiHeadLatentAttention
 from .moe import Experts, MoE, SwiGLU, TopKRouter
 from .norm import RMSNorm
@@ -49,11 +49,14 @@ class KimiDecoderLayer(nn.Module):
         cache: KimiHybridCache | None,
         cu_seqlens: torch.Tensor | None,
         rope: tuple[torch.Tensor, torch.Tensor] | None = None,
+        packed_padding: bool | None = None,
     ) -> torch.Tensor:
-        """`rope`: cos, sin of the tokens' positions, read by `"mla_rope"` layers only."""
+        """`rope`: cos, sin of the tokens' positions, read by `"mla_rope"` layers only; `packed_padding`: how KDA
+        layers treat `padding_mask` (`padding_runs_packed`, decided once per forward)."""
         x = self.input_layernorm(h)
         if self.layer_type == "kda":
-            return self.self_attn(x, padding_mask=padding_mask, cache=cache, cu_seqlens=cu_seqlens)
+            return self.self_attn(x, padding_mask=padding_mask, cache=cache, cu_seqlens=cu_seqlens,
+                                  packed_padding=packed_padding)
         return self.self_attn(x, attn_mask=mla_mask, cache=cache, cu_seqlens=cu_seqlens,
                               rope=rope if self.layer_type == "mla_rope" else None)
 
@@ -238,13 +241,17 @@ class KimiTextModel(KimiTextPreTrainedModel):
             positions = self.positions(position_ids, attention_mask, cu_seqlens, past, T, inputs_embeds.device)
             rope = self.rotary(positions, inputs_embeds.dtype)
 
+        packed_padding = None  # every KDA layer treats the padding alike: decided here, with one read of the mask
+        if padding_mask is not None and any(layer.layer_type == "kda" for layer in self.layers):
+            packed_padding = padding_runs_packed(padding_mask, past > 0, cache is not None)
         hidden_states = [] if output_hidden_states else None
         state = self.residual.begin(inputs_embeds)
         for i, layer in enumerate(self.layers):
             h = self.residual.read(state, 2 * i)
             if hidden_states is not None:
                 hidden_states.append(h)
-            out = run_checkpointed(self, layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope)
+            out = run_checkpointed(self, layer.attention, h, padding_mask, mla_mask, cache, cu_seqlens, rope,
+                                   packed_padding)
             state = self.residual.write(state, 2 * i, out)
             out = run_checkpointed(self, layer.feed_forward, self.residual.read(state, 2 * i + 1), token_mask)
             state = self.residual.write(state, 2 * i + 1, out)
