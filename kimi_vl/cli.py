@@ -13,7 +13,7 @@ from typing import TextIO
 from . import __version__
 from .errors import ConfigError, KimiVLError, TrainingInterrupted
 from .options import positive_int
-from .progress import interactive
+from .progress import transformers_bars
 
 
 def _convert(args: argparse.Namespace) -> None:
@@ -289,14 +289,16 @@ def _end_process_group(owned: bool) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
-    from transformers.utils import logging as transformers_logging
 
     args = build_parser().parse_args(argv)
-    # transformers' own bars (loading and writing weights) follow --no-progress and stay out of logs too
-    bars = transformers_logging.is_progress_bar_enabled()
-    if not getattr(args, "progress", True) or not interactive():
-        transformers_logging.disable_progress_bar()
     owns_group = not dist.is_initialized()  # a launcher's ranks: accelerate starts the group inside the command
+    # transformers' own bars (loading and writing weights) follow --no-progress and stay out of logs too
+    with transformers_bars(getattr(args, "progress", True)):
+        return _run(args, owns_group)
+
+
+def _run(args: argparse.Namespace, owns_group: bool) -> int:
+    """`args.func(args)`, its exceptions turned into a message and an exit status."""
     try:
         _one_process_unless_training(args)
         with warnings.catch_warnings():
@@ -323,9 +325,6 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"kimi-vl: error: {error}", file=sys.stderr)
         return 2
-    finally:
-        if bars:
-            transformers_logging.enable_progress_bar()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from typing import Any, TextIO
 
 from tqdm.auto import tqdm
@@ -113,3 +114,19 @@ def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, 
         return LogLines(iterable, total=total, initial=initial, desc=desc, unit=unit)
     return tqdm(iterable, total=total, initial=initial, desc=desc, unit=unit, disable=not enabled,
                 dynamic_ncols=True)
+
+
+@contextmanager
+def transformers_bars(enabled: bool) -> Iterator[None]:
+    """transformers' own bars (loading and writing weights) inside the block where ours would show a live bar:
+    off when not `enabled` or where stderr is not interactive (a log keeps every tqdm redraw), as they were after."""
+    from transformers.utils import logging
+
+    was_on = logging.is_progress_bar_enabled()
+    if was_on and not (enabled and interactive()):
+        logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_on:
+            logging.enable_progress_bar()

@@ -122,3 +122,38 @@ def test_a_redirected_cli_run_logs_lines_not_redraws(tmp_path, capsys):
     assert "\r" not in err and "\x1b" not in err
     (line,) = err.splitlines()
     assert line.startswith(f"check {docs}: 5/5 (100%), ") and " record/s, " in line
+
+
+@pytest.mark.parametrize("enabled, terminal, shown", [(True, True, True), (False, True, False), (True, False, False)])
+def test_transformers_bars_follow_ours_inside_the_block_only(monkeypatch, enabled, terminal, shown):
+    from transformers.utils import logging as transformers_logging
+
+    monkeypatch.setattr(progress.sys, "stderr", Terminal() if terminal else io.StringIO())
+    with progress.transformers_bars(enabled):
+        assert transformers_logging.is_progress_bar_enabled() == shown
+    assert transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()  # a user who switched them off keeps them off
+    try:
+        with progress.transformers_bars(True):
+            assert not transformers_logging.is_progress_bar_enabled()
+        assert not transformers_logging.is_progress_bar_enabled()
+    finally:
+        transformers_logging.enable_progress_bar()
+
+
+def test_python_stages_and_eval_load_without_transformers_bars_when_progress_is_off(tmp_path, monkeypatch):
+    from kimi_vl.eval.generation import Engine
+    from kimi_vl.training.stages import load_checkpoint_dir
+    from tests.test_export import tiny_model, tiny_processor
+
+    proc = tiny_processor()
+    tiny_model(proc).save_pretrained(tmp_path)
+    proc.save_pretrained(tmp_path)
+    err = Terminal()
+    monkeypatch.setattr(progress.sys, "stderr", err)
+    monkeypatch.setattr("sys.stderr", err)  # where transformers' tqdm writes
+    load_checkpoint_dir(tmp_path, progress=False)
+    Engine.from_pretrained(tmp_path, device="cpu", progress=False)
+    assert "Loading weights" not in err.getvalue()
+    load_checkpoint_dir(tmp_path)
+    assert "Loading weights" in err.getvalue()  # the check can see the bar

@@ -83,7 +83,7 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
 
     def score(model_dir: Path, eval_dir: Path) -> dict[str, dict[str, Any]]:
         engine = Engine.from_pretrained(model_dir, device=options.device, dtype=options.dtype,
-                                        trust_remote_code=options.trust_remote_code)
+                                        trust_remote_code=options.trust_remote_code, progress=progress)
         return {b: evaluate(engine, [b], eval_dir / b, configs[b])["benchmarks"][b] for b in benchmarks}
 
     sft_scores = score(Path(sft_dir), out_dir / "sft_eval")

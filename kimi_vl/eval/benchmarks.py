@@ -188,7 +188,7 @@ class MathVista(Benchmark):
         if spec not in ("heuristic", "rules"):
             judge = run.engine if spec == "self" else Engine.from_pretrained(
                 spec, device=run.config.device, dtype=run.config.dtype,
-                trust_remote_code=run.config.trust_remote_code,
+                trust_remote_code=run.config.trust_remote_code, progress=run.config.progress,
             )
             undecided = [it for it in prompts.items
                          if mv.rule_extract(responses[it.id], it.row, quick_extract=quick) is None]

@@ -23,6 +23,7 @@ import torch
 
 from ..data.encode import end_token_ids, tokenizer_of
 from ..errors import CheckpointError, ConfigError, hub_id_hint
+from ..progress import transformers_bars
 from ..tokenization.chat_template import IMAGE_PROMPT
 from ..tokenization.special_tokens import IM_MIDDLE, MEDIA_PAD
 
@@ -148,12 +149,14 @@ class Engine:
         device: str | None = None,
         dtype: str = "auto",
         trust_remote_code: bool = False,
+        progress: bool = True,
     ) -> Engine:
         """Load a saved model directory (our models or any transformers causal / image-text-to-text model).
 
         Args:
             device: `"cuda"`, `"cpu"`, ...; default CUDA when available (checked by `resolve_device`).
             dtype: `"auto"` (bfloat16 on CUDA, float32 on CPU), `"float32"`, `"bfloat16"` or `"float16"`.
+            progress: transformers' loading bar (`kimi_vl.progress.transformers_bars`).
 
         Raises:
             CheckpointError: not a model directory, or the model / tokenizer cannot be loaded.
@@ -190,7 +193,8 @@ class Engine:
                 "ImageTextToText" in k for k in (getattr(config, "auto_map", None) or {})
             )
             auto = AutoModelForImageTextToText if vision else AutoModelForCausalLM
-            model = auto.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
+            with transformers_bars(progress):
+                model = auto.from_pretrained(path, dtype=torch_dtype, trust_remote_code=trust_remote_code)
             processor = None
             if vision:
                 processor = AutoProcessor.from_pretrained(path, trust_remote_code=trust_remote_code)

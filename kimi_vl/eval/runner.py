@@ -163,7 +163,8 @@ def evaluate(
     out = make_output_dir(out_dir)
     data = {b.name: b.load(config, out) for b in selected}
     engine = model_dir if isinstance(model_dir, Engine) else Engine.from_pretrained(
-        model_dir, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code
+        model_dir, device=config.device, dtype=config.dtype, trust_remote_code=config.trust_remote_code,
+        progress=config.progress,
     )
     run = EvalRun(engine, config, out)
     prompts = {b.name: b.build_prompts(data[b.name], engine, config) for b in selected}

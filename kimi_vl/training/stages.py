@@ -40,6 +40,7 @@ from ..export import add_remote_code
 from ..modeling import KimiVLForConditionalGeneration
 from ..options import check_output_dir
 from ..processing import KimiVLProcessor
+from ..progress import transformers_bars
 from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
@@ -187,8 +188,10 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
     return True
 
 
-def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneration, KimiVLProcessor]:
-    """Model (fp32, train mode) and processor from a stage's output directory."""
+def load_checkpoint_dir(path: str | Path, progress: bool = True) -> tuple[KimiVLForConditionalGeneration,
+                                                                          KimiVLProcessor]:
+    """Model (fp32, train mode) and processor from a stage's output directory; transformers' loading bar only where
+    `progress` (`transformers_bars`)."""
     path = Path(path)
     if not (path / "config.json").is_file():
         raise CheckpointError(f"{path} is not a model checkpoint directory (no config.json); pass the --out "
@@ -199,7 +202,8 @@ def load_checkpoint_dir(path: str | Path) -> tuple[KimiVLForConditionalGeneratio
         raise CheckpointError(f"{path} {what}, not a {KimiVLConfig.model_type} one; pass a folder written by a "
                               "kimi-vl training stage or save_pretrained (convert released weights with kimi-vl "
                               "convert).")
-    model = KimiVLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
+    with transformers_bars(progress):
+        model = KimiVLForConditionalGeneration.from_pretrained(path, dtype=torch.float32)
     return model, KimiVLProcessor.from_pretrained(path)
 
 
@@ -304,7 +308,7 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     cfg = _config("sft", config, preset, seed, settings, out_dir, _preset_of(from_dir))
     if _finished(out_dir, cfg, from_dir):
         return out_dir
-    model, processor = load_checkpoint_dir(from_dir)
+    model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
     return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve()),
                                                     "from_weights": weights_fingerprint(from_dir)})
 
@@ -372,10 +376,10 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
         source = lambda index: (world_prompts(data.families, data.prompts_per_family, cfg.seed, index), [])  # noqa: E731
     else:
         source = prompts.prompts
-    model, processor = load_checkpoint_dir(from_dir)
+    model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
     ref_model = None
     if cfg.rl.algorithm == "grpo" and cfg.rl.kl_coef > 0:  # GRPO's KL is to the starting checkpoint, held fixed
-        ref_model = load_checkpoint_dir(from_dir)[0].eval().requires_grad_(False)
+        ref_model = load_checkpoint_dir(from_dir, cfg.train.progress)[0].eval().requires_grad_(False)
     label = "+".join(data.families) if prompts is None else "data"
     trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed, ref_model=ref_model), cfg.train, out_dir,
                       desc=f"rl ({label})", fingerprint=data_fingerprint(prompts and prompts.mixture, cfg.seed),
