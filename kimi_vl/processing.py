@@ -17,6 +17,7 @@ paths, `file://` URLs, PIL images, numpy arrays, and decoded video frames; never
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ import torch
 from transformers import BatchFeature
 from transformers.processing_utils import MultiModalData, ProcessorMixin
 from transformers.utils import logging
-from transformers.video_utils import make_batched_videos
+from transformers.video_utils import is_batched_video, make_batched_videos
 
 from .errors import ConfigError, InvalidMediaError
 from .fusion.placeholders import frame_times, image_placeholders, video_placeholders
@@ -77,19 +78,23 @@ def _describe(value: Any) -> str:
     return f"of type {type(value).__name__}"
 
 
-def _check_images_per_sample(samples: list[str], images: Any, token: str) -> None:
-    """With one image list per text (`images=[[...], [...]]`), each text's placeholders must match its own list:
-    the images are otherwise handed out in order across the batch, to whichever text's placeholders come next."""
-    if not (isinstance(images, (list, tuple)) and images and all(isinstance(x, (list, tuple)) for x in images)):
+def _check_media_per_sample(samples: list[str], media: Any, token: str, name: str, count: Callable[[Any], int]) -> None:
+    """With one media list per text (`images=[[...], [...]]`, `videos=[[...], [...]]`), each text's placeholders
+    (`token`) must match its own list, counted by `count`: the media are otherwise handed out in order across the
+    batch, to whichever text's placeholders come next. A batch of videos given as frame lists (`[[frame, ...], ...]`)
+    is not one list per text."""
+    if not (isinstance(media, (list, tuple)) and media and all(isinstance(x, (list, tuple)) for x in media)):
         return
-    if len(images) != len(samples):
-        raise InvalidMediaError(f"images holds {len(images)} per-text lists for {len(samples)} texts; give one list "
-                                "per text, in order (an empty list for a text without images).")
-    for i, (sample, own) in enumerate(zip(samples, images)):
-        if sample.count(token) != _count_images(own):
+    if name == "video" and is_batched_video(media):
+        return
+    if len(media) != len(samples):
+        raise InvalidMediaError(f"{name}s holds {len(media)} per-text lists for {len(samples)} texts; give one list "
+                                f"per text, in order (an empty list for a text without {name}s).")
+    for i, (sample, own) in enumerate(zip(samples, media)):
+        if sample.count(token) != count(own):
             raise InvalidMediaError(
-                f"text {i} holds {sample.count(token)} image placeholder(s) ({token}) but its image list has "
-                f"{_count_images(own)}; give each text exactly its own images, one per placeholder, in order.")
+                f"text {i} holds {sample.count(token)} {name} placeholder(s) ({token}) but its {name} list has "
+                f"{count(own)}; give each text exactly its own {name}s, one per placeholder, in order.")
 
 
 def _base64_as_data_uri(messages: list) -> list:
@@ -164,7 +169,7 @@ class KimiVLProcessor(ProcessorMixin):
                             f"were passed; give exactly one {name} per placeholder, in order (the chat template "
                             f"writes one per {name} part)."
                         )
-                _check_images_per_sample(samples, images, self.image_token)
+                _check_media_per_sample(samples, images, self.image_token, "image", _count_images)
         super().validate_inputs(images=images, text=text, videos=videos, audio=audio, **kwargs)
 
     def __call__(self, images=None, text=None, videos=None, audio=None, **kwargs) -> BatchFeature:
@@ -180,6 +185,9 @@ class KimiVLProcessor(ProcessorMixin):
             raise ConfigError(f"text must be a string or a non-empty list of strings, got {_describe(text)}.")
         if audio is not None:
             raise InvalidMediaError("Kimi-VL reads text, images and videos, not audio; leave audio out.")
+        if text is not None:  # before the empty per-text video lists are dropped
+            samples = [text] if isinstance(text, str) else text
+            _check_media_per_sample(samples, videos, self.video_token, "video", _count_videos)
         if _count_images(images) == 0:
             images = None
         videos = _drop_empty(videos)
@@ -249,12 +257,14 @@ class KimiVLProcessor(ProcessorMixin):
     ) -> str | list[str]:
         """The assistant's answer of each sequence, without the prompt and the template.
 
-        For each sequence of ids (a `[batch, length]` or `[length]` tensor / array / list, with or without the
-        prompt): keep what follows the last `<|im_assistant|>...<|im_middle|>` header (everything when there is
-        none) up to the first `<|im_end|>` or `[EOS]`, and decode it (`skip_special_tokens` drops remaining special
-        tokens such as padding). A `[length]` input gives a `str`, a batch a `list[str]`.
+        For each sequence of ids (a `[batch, length]` or `[length]` tensor / array / list, or a list of `[length]`
+        tensors / arrays, with or without the prompt): keep what follows the last `<|im_assistant|>...<|im_middle|>`
+        header (everything when there is none) up to the first `<|im_end|>` or `[EOS]`, and decode it
+        (`skip_special_tokens` drops remaining special tokens such as padding). A `[length]` input gives a `str`, a
+        batch a `list[str]`.
         """
-        ids = generated_outputs.tolist() if hasattr(generated_outputs, "tolist") else list(generated_outputs)
+        ids = generated_outputs.tolist() if hasattr(generated_outputs, "tolist") else [
+            x.tolist() if hasattr(x, "tolist") else x for x in generated_outputs]  # a list of 1-D tensors / arrays
         single = len(ids) == 0 or not isinstance(ids[0], (list, tuple))
         batch = [ids] if single else ids
         tok = self.tokenizer

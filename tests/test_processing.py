@@ -115,6 +115,24 @@ def test_one_image_list_per_text(proc):
             proc(text=[f"{MEDIA_PAD}the cat", second], images=lists, padding=True)
 
 
+def test_one_video_list_per_text(proc):
+    # as for images: a per-text video list that does not match its text is an error, not handed to another text
+    clips = [np.stack([_noise(28, 28, seed=i)] * 2) for i in range(3)]
+    kwargs = {"do_sample_frames": False, "padding": True, "return_tensors": "pt"}
+    out = proc(text=["the cat", VIDEO_PLACEHOLDER], videos=[[], [clips[0]]], **kwargs)
+    assert (out["input_ids"] == proc.video_token_id).sum(-1).tolist() == [0, 1]
+    for texts, lists, match in (([VIDEO_PLACEHOLDER, "a dog"], [[], [clips[0]]], "text 0 holds 1 video placeholder.*has 0"),
+                                ([VIDEO_PLACEHOLDER, VIDEO_PLACEHOLDER * 2], [clips[:2], clips[2:]],
+                                 "text 0 holds 1 video placeholder.*has 2"),
+                                ([VIDEO_PLACEHOLDER, "a dog"], [[clips[0]]], "1 per-text lists for 2 texts")):
+        with pytest.raises(InvalidMediaError, match=match):  # the batch's totals match in the first two
+            proc(text=texts, videos=lists, **kwargs)
+    # videos given as frame lists are a flat batch of videos, not one list per text
+    frames = [[_noise(28, 28, seed=i)] * 2 for i in range(2)]
+    out = proc(text=[VIDEO_PLACEHOLDER * 2, "a dog"], videos=frames, **kwargs)
+    assert (out["input_ids"] == proc.video_token_id).sum(-1).tolist() == [2, 0]
+
+
 @pytest.mark.parametrize("text, match", [([], "an empty list"), (5, "of type int"), ([1, "a"], "a list of int, str")])
 def test_text_must_be_strings(proc, text, match):
     with pytest.raises(ConfigError, match=f"text must be a string or a non-empty list of strings, got {match}"):
@@ -325,6 +343,10 @@ def test_post_process_strips_template(proc, tok):
     assert proc.post_process_image_text_to_text([answer + [end]]) == ["the cat is red."]
     # no end of turn yet: everything after the header
     assert proc.post_process_image_text_to_text(prompt_ids + answer) == "the cat is red."
+    # a list of rows of different lengths (tensors or arrays), as `batch_decode` takes
+    rows = [torch.tensor(answer + [end]), torch.tensor(short + [end, pad])]
+    assert proc.post_process_image_text_to_text(rows) == ["the cat is red.", "blue"]
+    assert proc.post_process_image_text_to_text([r.numpy() for r in rows]) == ["the cat is red.", "blue"]
 
 
 def test_decode_forwarding(proc, tok):

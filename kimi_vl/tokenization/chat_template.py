@@ -18,9 +18,9 @@ Content is a string (verbatim) or a list of parts in transformers' multimodal sc
   by the chunk's timestamp.
 Roles: `system`, `user`, `assistant`, and `tool` (rendered as `<|im_system|>tool<|im_middle|>...`, as in Kimi's
 template); any other role, or an unknown part type, is an error, and so is anything the format has no place for
-and would drop: assistant `tool_calls`, `reasoning_content` and `apply_chat_template(..., tools=...)`. Assistant
-turns (content and their `<|im_end|>`) are wrapped in `{% generation %}` so `return_assistant_tokens_mask=True` marks
-exactly the tokens to train on.
+and would drop: assistant `tool_calls`, `reasoning_content`, and `apply_chat_template(..., tools=...)` or
+`documents=...`. Assistant turns (content and their `<|im_end|>`) are wrapped in `{% generation %}` so
+`return_assistant_tokens_mask=True` marks exactly the tokens to train on.
 
 Default system prompt: none. Released Kimi-VL models were trained with `<|im_system|>system<|im_middle|>You are a
 helpful assistant<|im_end|>` prepended when a conversation has no system message; models trained with this package
@@ -85,6 +85,10 @@ _TEMPLATE_LINES = r"""
 {%- if tools is defined and tools -%}
     {{- raise_exception('tools are not supported by this chat template: Kimi-VL has no tool-declaration format; ' ~
                         'describe the tools in the system message.') -}}
+{%- endif -%}
+{%- if documents is defined and documents -%}
+    {{- raise_exception('documents are not supported by this chat template: Kimi-VL has no retrieval-document ' ~
+                        'format; put the documents in the system or user message.') -}}
 {%- endif -%}
 {%- if default_system_prompt is defined and default_system_prompt -%}
     {%- if messages | length == 0 or messages[0]['role'] != 'system' -%}

@@ -61,19 +61,23 @@ def fit_to_patch_budget(
 
 
 def patch_grid(processor: Any, height: int, width: int, overrides: dict | None = None) -> tuple[int, int]:
-    """Patch grid `(h, w)` (after resizing and padding) of a `height x width` image or frame, with the settings
-    of `processor` (`patch_size`, `merge_size`, `max_patches`, `size`) unless `overrides` names them."""
+    """Patch grid `(h, w)` (after resizing, unless `do_resize` is off, and padding) of a `height x width` image or
+    frame, with the settings of `processor` (`do_resize`, `patch_size`, `merge_size`, `max_patches`, `size`) unless
+    `overrides` names them."""
     overrides = overrides or {}
     patch = overrides.get("patch_size", processor.patch_size)
-    _, (pad_h, pad_w) = fit_to_patch_budget(
-        height,
-        width,
-        patch_size=patch,
-        merge_size=overrides.get("merge_size", processor.merge_size),
-        max_patches=overrides.get("max_patches", processor.max_patches),
-        max_side_patches=overrides.get("size", processor.size)["max_height"],
-    )
-    return pad_h // patch, pad_w // patch
+    merge = overrides.get("merge_size", processor.merge_size)
+    if overrides.get("do_resize", processor.do_resize):
+        (height, width), _ = fit_to_patch_budget(
+            height,
+            width,
+            patch_size=patch,
+            merge_size=merge,
+            max_patches=overrides.get("max_patches", processor.max_patches),
+            max_side_patches=overrides.get("size", processor.size)["max_height"],
+        )
+    unit = patch * merge
+    return -(-height // unit) * merge, -(-width // unit) * merge
 
 
 def patchify(images: torch.Tensor, patch_size: int) -> torch.Tensor:

@@ -247,3 +247,11 @@ def test_what_the_format_cannot_hold_is_refused_not_dropped(tok, assistant, matc
     # empty or absent fields are fine
     plain = [messages[0], {"role": "assistant", "content": "4", "tool_calls": [], "reasoning_content": None}]
     assert tok.apply_chat_template(plain, tokenize=False, tools=None).endswith(f"4{IM_END}")
+
+
+def test_documents_are_refused_not_dropped(tok):
+    messages = [{"role": "user", "content": "What colour is the cat?"}]
+    documents = [{"title": "Cats", "text": "The cat is red."}]
+    with pytest.raises(Exception, match="documents are not supported"):
+        tok.apply_chat_template(messages, documents=documents, tokenize=False)
+    assert tok.apply_chat_template(messages, documents=[], tokenize=False) == render_chat(messages)

@@ -110,6 +110,22 @@ def test_no_resize_still_pads():
     assert out["image_grid_thw"].tolist() == [[1, 4, 216]]
 
 
+def test_token_counts_follow_do_resize_off():
+    """`do_resize=False` (a setting or a per-call override) keeps the image size: the predicted patch and placeholder
+    counts are those of the padded, unresized image, as the outputs are."""
+    image, video = _noise(300, 200), np.stack([_noise(300, 200, seed=i) for i in range(4)])
+    for kwargs, setting in (({"do_resize": False}, {}), ({}, {"do_resize": False})):
+        images = MoonViTImageProcessor(max_patches=64, **setting)
+        grid = images(image, return_tensors="pt", **kwargs)["image_grid_thw"]
+        assert grid.tolist() == [[1, 22, 16]]
+        assert images.get_number_of_image_patches(300, 200, kwargs) == 22 * 16
+        assert images.get_num_image_tokens(300, 200, kwargs) == 22 * 16 // 4
+        videos = MoonViTVideoProcessor(max_patches=16, **setting)
+        grid = videos(video, do_sample_frames=False, return_tensors="pt", **kwargs)["video_grid_thw"]
+        assert grid.tolist() == [[4, 22, 16]]
+        assert videos.get_num_video_tokens(4, 300, 200, kwargs) == 22 * 16 // 4
+
+
 def test_float_pixels_in_0_1_are_refused_unless_do_rescale_is_off():
     """Float tensors in [0, 1] (torchvision's `to_tensor`) would be divided by 255 again, a black image: refused with
     a message; with `do_rescale=False` they give the uint8 image's pixels, and float pixels in 0..255 are read."""
