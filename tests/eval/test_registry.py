@@ -121,7 +121,8 @@ def test_cli_evaluates_a_registered_benchmark(tmp_path, colours, monkeypatch, ca
     assert main(["eval", "--model", "m", "--benchmarks", "colours", "--out", str(out), "--limit", "3",
                  "--no-progress", "--dtype", "float32"]) == 0
     assert "Colours: 66.67% (2/3)" in capsys.readouterr().out
-    assert engines[-1].kwargs == {"device": None, "dtype": "float32", "trust_remote_code": False}
+    assert engines[-1].kwargs == {"device": None, "dtype": "float32", "trust_remote_code": False,
+                                 "progress": False}
     assert main(["eval", "--model", "m", "--benchmarks", "colour", "--out", str(out)]) == 2
     assert "unknown benchmark 'colour'; choose from mmlu_pro, mathvista, mmlu_pro_synth, mathvista_synth, colours" \
         in capsys.readouterr().err
