@@ -86,7 +86,7 @@ class MMLUPro(Benchmark):
               run: EvalRun) -> dict[str, Any]:
         config = run.config
         chat = config.mmlu_pro_format == "chat" and run.engine.has_chat_template  # without a template: the raw prompt
-        prompt_format = "chat" if chat or config.mmlu_pro_format == "official" else (
+        prompt_format = config.mmlu_pro_format if chat or config.mmlu_pro_format == "official" else (
             "official (chat asked, but the model has no chat template)")
         records = [{**it.row, "model_outputs": responses[it.id], "pred": answers[it.id]} for it in prompts.items]
         write_json(run.out_dir / f"results.{self.name}.json", records)
@@ -214,17 +214,18 @@ class MathVista(Benchmark):
         scores = mv.compute_scores(outputs)
         write_json(run.out_dir / f"results.{self.name}.json", outputs)
         write_json(run.out_dir / f"scores.{self.name}.json", scores)
-        by_category: dict[Any, dict[str, Any]] = {}  # MathVista's parts, each scored beside its own baselines
+        breakdowns = (("category", {}), ("task", mv.TASK_ABBREVIATIONS), ("skills", mv.SKILL_ABBREVIATIONS))
+        parts: dict[tuple[str, Any], dict[str, Any]] = {}  # MathVista's parts, each scored beside its own baselines
         for it in prompts.items:
-            by_category.setdefault((it.row.get("metadata") or {}).get("category"), {})[it.id] = it.row
+            flat = mv.flatten_metadata(it.row)
+            for key, _ in breakdowns:
+                for value in mv.breakdown_values(flat, key):
+                    parts.setdefault((key, value), {})[it.id] = it.row
         categories = {}
-        for key, names in (("category", {}), ("task", mv.TASK_ABBREVIATIONS), ("skills", mv.SKILL_ABBREVIATIONS)):
+        for key, names in breakdowns:
             for value, s in scores.get(key, {}).items():
-                label = names.get(value, value)
-                categories[label] = {"accuracy": s["correct"] / s["total"], "correct": s["correct"],
-                                     "total": s["total"]}
-                if key == "category":
-                    categories[label].update(mv.baselines(by_category[value]))
+                categories[names.get(value, value)] = {"accuracy": s["correct"] / s["total"], "correct": s["correct"],
+                                                       "total": s["total"], **mv.baselines(parts[key, value])}
         extractor = _extractor_description(config.mathvista_extractor, engine)
         deviations = []
         if config.mathvista_extractor == "heuristic":

@@ -7,7 +7,9 @@ files are those whose name starts with the split name (`test-00000-of-00001.parq
 
 - `.parquet` (what `huggingface-cli download --repo-type dataset` gives),
 - `.jsonl` (one row per line),
-- `.json`: a list of rows, or a dict of rows keyed by id (MathVista's `data/testmini.json`).
+- `.json`: a list of rows, or a dict of rows keyed by id (MathVista's `data/testmini.json`),
+- a folder named after the split holding `state.json` and Arrow files (what `datasets`' `save_to_disk` writes for
+  each split of a `DatasetDict`, e.g. `DIR/mmlu_pro/test/`), read with `datasets.load_from_disk`.
 
 Hub access fails fast: with `HF_HUB_OFFLINE` / `HF_DATASETS_OFFLINE` set only the local cache is tried, and
 otherwise the hub endpoint is probed with a short socket timeout before `datasets.load_dataset` is called, so an
@@ -94,8 +96,13 @@ def load_hub_dataset(repo: str, split: str | None, *, hint: str) -> Any:
 
 def _read_file(path: Path) -> list[tuple[int, dict[str, Any]]]:
     """`(number, row)` of each row of one parquet / JSONL / JSON file (a dict of rows keyed by id gives its values, in
-    order); `number` is the line of a JSONL row, else the row's position, counted from 1."""
+    order) or `save_to_disk` split folder; `number` is the line of a JSONL row, else the row's position, counted
+    from 1."""
     try:
+        if path.is_dir():
+            import datasets
+
+            return list(enumerate(datasets.load_from_disk(str(path)), 1))
         if path.suffix == ".parquet":
             import pyarrow.parquet as pq
 
@@ -106,7 +113,8 @@ def _read_file(path: Path) -> list[tuple[int, dict[str, Any]]]:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except (OSError, ValueError) as exc:
-        raise DataUnavailableError(f"cannot read {path}: {exc}; check that it is a valid {path.suffix} file.") from exc
+        kind = "save_to_disk folder" if path.is_dir() else f"{path.suffix} file"
+        raise DataUnavailableError(f"cannot read {path}: {exc}; check that it is a valid {kind}.") from exc
     if isinstance(data, dict):
         rows = list(data.values())
     elif isinstance(data, list):
@@ -139,7 +147,8 @@ def split_files(data_dir: str | os.PathLike, benchmark_dirs: Sequence[str], spli
         if not base.is_dir():
             continue
         found = sorted(
-            p for p in base.rglob(f"{split}*") if p.is_file() and p.suffix in DATA_EXTENSIONS
+            p for p in base.rglob(f"{split}*")
+            if p.is_file() and p.suffix in DATA_EXTENSIONS or p.name == split and (p / "state.json").is_file()
         )
         if found:
             return found
@@ -165,7 +174,8 @@ def load_local_split(
         where = ", ".join(str(Path(data_dir) / d) for d in benchmark_dirs) + f" or {data_dir}"
         raise DataUnavailableError(
             f"no '{split}' data file under {where}: expected a file named {split}*.parquet, {split}*.jsonl or "
-            f"{split}*.json (the dataset's own schema).{' ' + hint if hint else ''}"
+            f"{split}*.json, or a folder {split}/ written by datasets' save_to_disk (the dataset's own schema)."
+            f"{' ' + hint if hint else ''}"
         )
     rows: list[dict[str, Any]] = []
     for path in files:

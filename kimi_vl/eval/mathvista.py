@@ -357,6 +357,24 @@ def score_problem(problem: Mapping[str, Any], extraction: Any) -> dict[str, Any]
     return {"prediction": prediction, "true_false": safe_equal(prediction, problem["answer"])}
 
 
+def flatten_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
+    """A copy of the problem `row` with the fields of its `metadata` (task, skills, category, ...) at the top level, as
+    the official scorer reads them; a row that already has them there is copied as it is."""
+    flat = dict(row)
+    meta = flat.pop("metadata", None)
+    if isinstance(meta, Mapping):
+        flat.update(meta)
+    return flat
+
+
+def breakdown_values(flat: Mapping[str, Any], key: str) -> list[Any]:
+    """The values under which a `flatten_metadata` row counts in the breakdown `key` of `SCORE_KEYS`: its `key`
+    field, or for `skills` each listed skill once (like the official `value in skills`); none when missing."""
+    value = flat.get(key)
+    values = (value if isinstance(value, (list, tuple)) else []) if key == "skills" else [value]
+    return [v for v in dict.fromkeys(values) if v is not None and not (isinstance(v, float) and v != v)]
+
+
 def compute_scores(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """The official scores structure of `{pid: row with true_false}` (rows with their `metadata`, or with its
     fields already at the top level).
@@ -364,13 +382,7 @@ def compute_scores(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     Returns `{"average": {"accuracy", "correct", "total"}, "<key>": {value: {"accuracy", "correct", "total"}}}`
     for the keys of `SCORE_KEYS`, accuracies as percentage strings (see the module docstring).
     """
-    rows = []
-    for row in results.values():
-        flat = dict(row)
-        meta = flat.pop("metadata", None)
-        if isinstance(meta, Mapping):
-            flat.update(meta)
-        rows.append(flat)
+    rows = [flatten_metadata(row) for row in results.values()]
     total = len(rows)
     correct = sum(1 for r in rows if r.get("true_false"))
     scores: dict[str, Any] = {
@@ -380,11 +392,7 @@ def compute_scores(results: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     for key in SCORE_KEYS:
         tallies: dict[Any, list[int]] = {}
         for r in rows:
-            value = r.get(key)
-            values = (value if isinstance(value, (list, tuple)) else []) if key == "skills" else [value]
-            for v in dict.fromkeys(values):  # a skill listed twice counts once, like `value in skills`
-                if v is None or (isinstance(v, float) and v != v):
-                    continue
+            for v in breakdown_values(r, key):
                 t = tallies.setdefault(v, [0, 0])
                 t[0] += bool(r.get("true_false") == True)  # noqa: E712 - the official `== True`
                 t[1] += 1
@@ -546,10 +554,12 @@ __all__ = [
     "SCORE_KEYS",
     "SKILL_ABBREVIATIONS",
     "TASK_ABBREVIATIONS",
+    "breakdown_values",
     "build_extraction_prompt",
     "build_query",
     "compute_scores",
     "extract_answer",
+    "flatten_metadata",
     "heuristic_extract",
     "is_correct",
     "iter_ordered",

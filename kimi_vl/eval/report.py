@@ -2,8 +2,9 @@
 deviations from the official protocols) and one `<benchmark>_categories.png` bar plot per benchmark.
 
 A benchmark entry (as built by `kimi_vl.eval.runner`) holds at least `benchmark`, `title`, `proxy`, `accuracy`
-(fraction), `correct`, `total` and `categories` (`{name: {"accuracy", "correct", "total"}}`); proxies are labelled
-"(synthetic proxy)" everywhere.
+(fraction), `correct`, `total` and `categories` (`{name: {"accuracy", "correct", "total"}}`, with the part's own
+`chance`, `constant` and `constant_answer` where the benchmark gives them: the Markdown shows them beside each part's
+score, "-" where missing); proxies are labelled "(synthetic proxy)" everywhere.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def _pct(x: float) -> str:
     return f"{100 * x:.2f}%"
 
 
+def _constant(entry: dict[str, Any]) -> str:
+    """The constant answer's accuracy and what it is, "-" for an entry without baselines."""
+    if "constant" not in entry:
+        return "-"
+    return _pct(entry["constant"]) + (f" ({entry['constant_answer']})" if entry.get("constant_answer") else "")
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     """The Markdown report."""
     model = report.get("model", {})
@@ -68,10 +76,11 @@ def render_markdown(report: dict[str, Any]) -> str:
             cols = entry["leaderboard"]
             lines += ["", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols),
                       "| " + " | ".join(f"{v:.2f}" for v in cols.values()) + " |"]
-        lines += ["", f"| {entry.get('category_label', 'category')} | accuracy | correct | total |",
-                  "|---|---|---|---|"]
+        lines += ["", f"| {entry.get('category_label', 'category')} | accuracy | correct | total | chance | "
+                  "constant answer |", "|---|---|---|---|---|---|"]
         for cat, c in entry["categories"].items():
-            lines.append(f"| {cat} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} |")
+            lines.append(f"| {cat} | {_pct(c['accuracy'])} | {c['correct']} | {c['total']} | "
+                         f"{_pct(c['chance']) if 'chance' in c else '-'} | {_constant(c)} |")
         if entry.get("plot"):
             lines += ["", f"![{name}]({entry['plot']})"]
         if entry.get("settings"):

@@ -44,14 +44,16 @@ ProgressCallback = Callable[[str, int, int], None]
 # ------------------------------------------------------------------------------------------------ response cache
 class ResponseCache:
     """Append-only JSONL cache `{"id", "key", "response"}` of finished generations; a truncated last line (an
-    interrupted write) is ignored."""
+    interrupted write) is ignored, and the next entries start on a line of their own."""
 
     def __init__(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         self.records: dict[str, dict[str, Any]] = {}
+        self._mid_line = False  # the file ends inside a line (an interrupted write)
         if self.path.is_file():
             with open(self.path, encoding="utf-8") as f:
                 for n, line in enumerate(f, 1):
+                    self._mid_line = not line.endswith("\n")
                     if not line.strip():
                         continue
                     try:
@@ -69,6 +71,9 @@ class ResponseCache:
         """Append `(id, key, response)` entries and flush them to disk."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a", encoding="utf-8") as f:
+            if self._mid_line:
+                f.write("\n")
+                self._mid_line = False
             for item_id, key, response in entries:
                 rec = {"id": item_id, "key": key, "response": response}
                 f.write(json.dumps(rec, ensure_ascii=False) + "\n")

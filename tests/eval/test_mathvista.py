@@ -159,6 +159,19 @@ def test_local_testmini_json_and_images(tmp_path, mathvista_testmini):
     assert list(mv.iter_ordered(problems, 1)) == ["1"]
 
 
+def test_testmini_saved_with_save_to_disk_and_its_decoded_images(tmp_path, mathvista_testmini):
+    """`DatasetDict.save_to_disk` of testmini with its `decoded_image` column (an Image feature) is read, images
+    included."""
+    datasets = pytest.importorskip("datasets")
+    Image.new("RGB", (20, 10), "red").save(tmp_path / "1.png")
+    rows = [{**mathvista_testmini["1"], "decoded_image": str(tmp_path / "1.png")}]
+    ds = datasets.Dataset.from_list(rows).cast_column("decoded_image", datasets.Image())
+    datasets.DatasetDict({"testmini": ds}).save_to_disk(tmp_path / "data" / "mathvista")
+    problems = mv.load_mathvista(tmp_path / "data")
+    assert list(problems) == ["1"] and problems["1"]["answer"] == mathvista_testmini["1"]["answer"]
+    assert mv.load_problem_image(problems["1"]).getpixel((5, 5)) == (255, 0, 0)
+
+
 def test_empty_testmini_is_refused(tmp_path):
     (tmp_path / "mathvista").mkdir()
     for text in ("{}", "[]"):

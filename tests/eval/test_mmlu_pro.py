@@ -161,6 +161,18 @@ def test_ordered_items_round_robin(mmlu_dir):
 
 
 # --------------------------------------------------------------------------------------------------- data
+def test_a_dataset_dict_saved_with_save_to_disk_is_read(mmlu_dir, tmp_path):
+    """`DatasetDict.save_to_disk(DIR/mmlu_pro)` (a folder per split, Arrow files and state.json) gives the same rows
+    as the parquet / JSONL files it was made from."""
+    datasets = pytest.importorskip("datasets")
+    test, val = mp.load_mmlu_pro(mmlu_dir)
+    raw = {"test": pq.read_table(mmlu_dir / "mmlu_pro" / "test-00000-of-00001.parquet").to_pylist(),
+           "validation": [json.loads(line) for line in (mmlu_dir / "mmlu_pro" / "validation.jsonl").open()]}
+    saved = tmp_path / "saved"
+    datasets.DatasetDict({k: datasets.Dataset.from_list(v) for k, v in raw.items()}).save_to_disk(saved / "mmlu_pro")
+    assert mp.load_mmlu_pro(saved) == (test, val) and len(test) == 3 and len(val) == len(VALIDATION_IDS)
+
+
 def test_missing_local_files_say_what_to_pass(tmp_path):
     with pytest.raises(DataUnavailableError, match="validation"):
         (tmp_path / "mmlu_pro").mkdir()

@@ -101,6 +101,7 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     md = _check_outputs(out, report, ["mmlu_pro", "mathvista"])
     mmlu = report["benchmarks"]["mmlu_pro"]
     assert mmlu["total"] == 4 and set(mmlu["categories"]) == {"math", "computer science"}
+    assert mmlu["settings"]["format"] == "official" and "format=official," in md  # the raw prompt, by default
     results = json.loads((out / "results.mmlu_pro.json").read_text())
     assert [(r["category"], r["shots"]) for r in results] == [("computer science", 1)] * 2 + [("math", 2)] * 2
     assert all("pred" in r and "model_outputs" in r for r in results)
@@ -123,7 +124,19 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     part = mathvista["categories"]["math-targeted-vqa"]
     assert part["chance"] == pytest.approx((1 / 4 + 1 / 4 + 1 / 5) / 3) and part["constant"] == pytest.approx(2 / 3)
     assert part["constant_answer"] == "(A) on multiple choice"
-    assert not any("constant" in mathvista["categories"][mv.TASK_ABBREVIATIONS.get(t, t)] for t in scores["task"])
+    # every task and skill too, hand-computed: 5 and 6 are geometry (GPS, GEO, ALG) with 4 options, right at A; 7 a
+    # word problem (MWP, NUM) with 5 options, right at B
+    for label, chance, letter in (("GPS", 1 / 4, "A"), ("GEO", 1 / 4, "A"), ("ALG", 1 / 4, "A"), ("MWP", 1 / 5, "B"),
+                                  ("NUM", 1 / 5, "B")):
+        part = mathvista["categories"][label]
+        assert part["chance"] == pytest.approx(chance) and part["constant"] == 1.0
+        assert part["constant_answer"] == f"({letter}) on multiple choice"
+        # and the Markdown shows each part's score beside them
+        assert re.search(rf"^\| {label} \| [0-9.]+% \| \d \| {part['total']} \| {100 * chance:.2f}% \| 100.00% "
+                         rf"\(\({letter}\) on multiple choice\) \|$", md, re.M)
+    for category, entry in mmlu["categories"].items():
+        assert re.search(rf"^\| {category} \| .* \| {100 * entry['chance']:.2f}% \| {100 * entry['constant']:.2f}% "
+                         rf"\({re.escape(entry['constant_answer'])}\) \|$", md, re.M)
     assert any("query text only" in d for d in mathvista["deviations"])
     assert any("official GPT extractor is replaced" in d for d in mathvista["deviations"])
     assert any("--quick_extract rule" in d for d in mathvista["deviations"])  # on by default; the official's is off
@@ -131,6 +144,36 @@ def test_tiny_causal_lm_end_to_end(tmp_path, data_dir, llama_dir):
     assert set(outputs) == set(MATHVISTA_PIDS)
     assert all({"response", "extraction", "prediction", "true_false", "query"} <= set(o) for o in outputs.values())
     assert "## MMLU-Pro" in md and "## MathVista testmini" in md and "synthetic proxy" not in md
+
+
+def test_mathvista_rows_with_their_metadata_fields_at_the_top_level(tmp_path, data_dir, llama_dir):
+    """A testmini file whose rows carry task, skills, category, ... at the top level instead of in `metadata` (as
+    `compute_scores` reads them) is scored with the same breakdowns, each beside its own baselines."""
+    flat = tmp_path / "data" / "mathvista"
+    shutil.copytree(data_dir / "mathvista" / "images", flat / "images")
+    rows = json.loads((data_dir / "mathvista" / "testmini.json").read_text())
+    flat.joinpath("testmini.jsonl").write_text(
+        "".join(json.dumps({**{k: v for k, v in r.items() if k != "metadata"}, **r["metadata"]}) + "\n"
+                for r in rows.values()), encoding="utf-8")
+    config = EvalConfig(max_new_tokens=2, mathvista_extractor="rules", progress=False)
+    nested = runner.evaluate(llama_dir, "mathvista", tmp_path / "nested", dataclasses.replace(config, data_dir=data_dir))
+    report = runner.evaluate(llama_dir, "mathvista", tmp_path / "flat", dataclasses.replace(config, data_dir=flat.parent))
+    entry = report["benchmarks"]["mathvista"]
+    assert entry["categories"] == nested["benchmarks"]["mathvista"]["categories"]
+    assert entry["categories"]["math-targeted-vqa"]["total"] == 3 and entry["categories"]["GPS"]["chance"] == 0.25
+
+
+def test_a_cache_line_cut_by_an_interruption_does_not_swallow_the_next_response(tmp_path):
+    """An interrupted write leaves a partial last line: the next response goes on a line of its own and is reused."""
+    path = tmp_path / "responses.x.jsonl"
+    path.write_text(json.dumps({"id": "a", "key": "k", "response": "A"}) + "\n" + '{"id": "b", "ke', encoding="utf-8")
+    with pytest.warns(UserWarning, match="unreadable cache line"):
+        cache = runner.ResponseCache(path)
+    cache.extend([("b", "k", "B")])
+    cache.extend([("c", "k", "C")])
+    with pytest.warns(UserWarning, match=":2: unreadable"):
+        again = runner.ResponseCache(path)
+    assert [again.get(i, "k") for i in "abc"] == ["A", "B", "C"]
 
 
 def test_tiny_kimi_vl_end_to_end_with_images(tmp_path, data_dir, kimi_dir, monkeypatch):
