@@ -76,8 +76,14 @@ def kimi_linear_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
         raise CheckpointError(f"Unsupported router activation {src['moe_router_activation_func']!r} (need sigmoid).")
     fields = {k: v for k, v in src.items() if k not in ("architectures", "auto_map", "transformers_version")}
     ref = KimiLinearConfig(**fields)
-    if ref.num_key_value_heads not in (None, ref.num_attention_heads):
-        raise CheckpointError("MLA with num_key_value_heads != num_attention_heads is not a Kimi-Linear layout.")
+    # MLA expands keys and values for every query head from the latent, whatever num_key_value_heads says (its
+    # default, 32, stays in configs with fewer heads; transformers runs those as num_key_value_heads=num_heads).
+    if ref.num_key_value_heads is not None and ref.num_key_value_heads < ref.num_attention_heads:
+        raise CheckpointError(f"MLA with num_key_value_heads={ref.num_key_value_heads} < num_attention_heads="
+                              f"{ref.num_attention_heads} is not a Kimi-Linear layout.")
+    if ref.hidden_act != "silu":
+        raise CheckpointError(f"hidden_act={ref.hidden_act!r}: kimi-vl's feed-forward and KDA short conv use silu "
+                              "only.")
     dense = [t == "dense" for t in ref.mlp_layer_types]
     first_k_dense = dense.index(False) if False in dense else len(dense)
     if any(dense[first_k_dense:]):
@@ -106,7 +112,7 @@ def kimi_linear_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
 SHARED_TEXT_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                       "q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim",
                       "moe_intermediate_size", "routed_scaling_factor", "rms_norm_eps", "initializer_range",
-                      "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+                      "attention_bias", "tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
 
 
 def shared_text_fields(ref: PretrainedConfig) -> dict:
@@ -209,7 +215,6 @@ def _check_against_model(plan: dict, cfg: KimiTextConfig) -> None:
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     if cfg.tie_word_embeddings:
         expected.pop("lm_head.weight", None)
-        plan.pop("lm_head.weight", None)
     missing = sorted(set(expected) - set(plan))
     extra = sorted(set(plan) - set(expected))
     if missing or extra:
@@ -234,7 +239,12 @@ def convert_kimi_linear(
     raw = load_config_json(src, ("kimi_linear",), "convert_kimi_linear", CONVERTERS)
     cfg = kimi_linear_config_to_text_config(raw, **config_overrides)
     source = _Source(src)
-    plan = _plan(source.keys(), cfg)
+    # transformers builds zero-width shared experts when n_shared_experts=0: they add nothing, ours has none
+    keys = [k for k in source.keys() if ".shared_experts." not in k or math.prod(source.shape(k))]
+    plan = _plan(keys, cfg)
+    # transformers' KimiLinearForCausalLM never ties its head: a saved `lm_head.weight` is used whatever the config
+    cfg.tie_word_embeddings = _tie("lm_head.weight" if "lm_head.weight" in plan else None, cfg.tie_word_embeddings,
+                                   src, "model.embed_tokens.weight" in plan)
     _check_against_model(plan, cfg)
 
     with staged_directory(dst, overwrite) as tmp:
@@ -448,8 +458,10 @@ def deepseek_v3_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
     fields = {k: v for k, v in src.items()
               if k not in ("architectures", "auto_map", "transformers_version", "quantization_config", "model_type")}
     ref = DeepseekV3Config(**fields)
-    if ref.num_key_value_heads not in (None, ref.num_attention_heads):
-        raise CheckpointError(f"num_key_value_heads={ref.num_key_value_heads} != num_attention_heads="
+    # MLA expands keys and values for every query head from the latent, whatever num_key_value_heads says (its
+    # default, 128, stays in configs with fewer heads; transformers runs those as num_key_value_heads=num_heads).
+    if ref.num_key_value_heads is not None and ref.num_key_value_heads < ref.num_attention_heads:
+        raise CheckpointError(f"num_key_value_heads={ref.num_key_value_heads} < num_attention_heads="
                               f"{ref.num_attention_heads}: not an MLA layout.")
     if ref.hidden_act != "silu":
         raise CheckpointError(f"hidden_act={ref.hidden_act!r}: kimi-vl's feed-forward is SwiGLU (silu) only.")
@@ -458,7 +470,6 @@ def deepseek_v3_config_to_text_config(src: dict, **overrides) -> KimiTextConfig:
         shared_text_fields(ref),
         layer_types=["mla_rope"] * ref.num_hidden_layers,
         mla_kv_norm_eps=1e-6,  # DeepSeek-V3's q_a_layernorm / kv_a_layernorm keep the RMSNorm default
-        attention_bias=ref.attention_bias,
         rope_parameters=dict(ref.rope_parameters),
         max_position_embeddings=ref.max_position_embeddings,
         num_experts=experts,
@@ -535,6 +546,8 @@ def deepseek_text_specs(source: _Source, keys: dict[str, str], head_key: str | N
                 specs[f"{prefix}mlp.experts.{name}"] = TensorSpec(shape, source.dtype(key), parts)
         elif inner == "mlp.experts.down_proj":
             specs[f"{prefix}mlp.experts.w2"] = one(key)
+        elif inner.startswith("mlp.shared_experts.") and not math.prod(source.shape(key)):
+            continue  # transformers' zero-width shared experts (n_shared_experts=0) add nothing; ours has none
         else:
             spec = one(key)
             if rope_interleave and inner in ROPE_ROW_TENSORS:

@@ -25,6 +25,11 @@ CONFIGS = {
     "plain": dict(q_lora_rank=None, rope_parameters={"rope_type": "default", "rope_theta": 300.0},
                   rope_interleave=False, n_routed_experts=6, num_experts_per_tok=2, n_group=1, topk_group=1,
                   n_shared_experts=1, first_k_dense_replace=2, norm_topk_prob=False, routed_scaling_factor=1.5),
+    # transformers' defaults for num_key_value_heads (128, whatever the head count) and n_shared_experts=0
+    # (zero-width shared experts).
+    "no_shared_experts": dict(q_lora_rank=None, rope_parameters={"rope_type": "default", "rope_theta": 300.0},
+                              rope_interleave=True, num_key_value_heads=128, n_routed_experts=4, num_experts_per_tok=2,
+                              n_group=1, topk_group=1, n_shared_experts=0, first_k_dense_replace=1),
 }
 
 
@@ -40,11 +45,12 @@ def randomise(model: torch.nn.Module, seed: int = 0) -> None:
 
 
 def hf_model(name: str, seed: int = 0) -> DeepseekV3ForCausalLM:
-    cfg = DeepseekV3Config(
-        vocab_size=97, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=3,
-        num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=12,
-        v_head_dim=10, pad_token_id=0, bos_token_id=1, eos_token_id=2, **CONFIGS[name],
-    )
+    cfg = DeepseekV3Config(**{
+        **dict(vocab_size=97, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_hidden_layers=3,
+               num_attention_heads=3, num_key_value_heads=3, kv_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=12,
+               v_head_dim=10, pad_token_id=0, bos_token_id=1, eos_token_id=2),
+        **CONFIGS[name],
+    })
     model = DeepseekV3ForCausalLM(cfg).eval()
     randomise(model, seed)
     return model

@@ -23,21 +23,38 @@ CONFIGS = {
         num_hidden_layers=5, num_local_experts=8, num_experts_per_tok=3, n_shared_experts=2,
         n_group=2, topk_group=1, first_k_dense_replace=2, q_lora_rank=24, linear_head_dim=8, linear_num_heads=4,
     ),
+    # MLA biases, a saved head under tie_word_embeddings (transformers' model never ties it), eps far from 1e-6.
+    "biased_untied_head": dict(
+        layer_types=["full_attention", "linear_attention", "full_attention"], num_hidden_layers=3,
+        num_local_experts=4, num_experts_per_tok=2, n_shared_experts=1, attention_bias=True, tie_word_embeddings=True,
+        q_lora_rank=16, rms_norm_eps=0.1, linear_head_dim=8, linear_num_heads=2, linear_conv_kernel_dim=2,
+    ),
+    # transformers' defaults for num_key_value_heads (32, whatever the head count) and n_shared_experts=0 (zero-width
+    # shared experts), layers given as the released `linear_attn_config`, no dense layer, no renormalisation.
+    "no_shared_experts": dict(
+        num_key_value_heads=32, linear_attn_config=dict(kda_layers=[2], full_attn_layers=[1, 3], head_dim=8,
+                                                        num_heads=2, short_conv_kernel_size=3),
+        num_hidden_layers=3, num_local_experts=4, num_experts_per_tok=3, n_shared_experts=0, first_k_dense_replace=0,
+        norm_topk_prob=False,
+    ),
 }
 
 
 def _hf_model(name: str, seed: int = 0) -> KimiLinearForCausalLM:
     torch.manual_seed(seed)
-    cfg = KimiLinearConfig(
-        vocab_size=97, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_attention_heads=3,
-        num_key_value_heads=3, kv_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
-        pad_token_id=0, bos_token_id=1, eos_token_id=2, routed_scaling_factor=2.446, **CONFIGS[name],
-    )
+    cfg = KimiLinearConfig(**{
+        **dict(vocab_size=97, hidden_size=48, intermediate_size=64, moe_intermediate_size=24, num_attention_heads=3,
+               num_key_value_heads=3, kv_lora_rank=20, qk_rope_head_dim=8, qk_nope_head_dim=12, v_head_dim=10,
+               pad_token_id=0, bos_token_id=1, eos_token_id=2, routed_scaling_factor=2.446),
+        **CONFIGS[name],
+    })
     model = KimiLinearForCausalLM(cfg).eval()
-    with torch.no_grad():  # weights large enough that every path matters; a non-zero router bias
+    with torch.no_grad():  # weights large enough that every path matters; non-zero biases and router bias
         for pname, p in model.named_parameters():
             if p.ndim >= 2 and "conv" not in pname:
                 p.normal_(0, 0.15)
+            elif pname.endswith(".bias"):
+                p.normal_(0, 0.1)
         for m in model.modules():
             if hasattr(m, "e_score_correction_bias"):
                 m.e_score_correction_bias.uniform_(-0.1, 0.1)
@@ -129,6 +146,12 @@ def test_convert_rejects_bad_input(tmp_path, monkeypatch):
     (tmp_path / "config.json").write_text('{"model_type": "kimi_k25"}')
     with pytest.raises(CheckpointError, match="model_type='kimi_k25'.*Use `kimi-vl convert kimi-k25`"):
         convert_kimi_linear(tmp_path, tmp_path / "out")
+    gelu = _hf_model("hybrid")
+    gelu.config.hidden_act = "gelu"  # transformers' model would use it in its FFNs and KDA short convs
+    gelu.save_pretrained(tmp_path / "gelu")
+    with pytest.raises(CheckpointError, match="hidden_act='gelu'"):
+        convert_kimi_linear(tmp_path / "gelu", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
 
 
 @pytest.mark.parametrize("residual, block", [("block_attnres", 2), ("block_attnres", 6), ("attnres", 1)])

@@ -33,6 +33,8 @@ def randomise(model: torch.nn.Module, seed: int = 0) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
+            if not p.numel():  # e.g. transformers' zero-width shared experts
+                continue
             noise = torch.randn(p.shape, generator=gen)
             if "norm" in name and name.endswith("weight"):
                 p.copy_(1 + 0.3 * noise)
