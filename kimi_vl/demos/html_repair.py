@@ -7,12 +7,15 @@ input (empty, truncated, malformed, binary garbage):
   opened inside it (they were left unclosed); an end tag that matches no open element is dropped. Elements still open
   at the end are closed there. Void elements (`br`, `img`, `meta`, ...) never hold content.
 - An unfinished tag at the very end (a truncated output such as `<div style="heigh`) is dropped, not shown as text.
+  An output cut inside a `style`, `title` or `textarea` element keeps the text written so far as its content (as
+  browsers do), less an unfinished end tag.
 - The document is always `<!DOCTYPE html><html><head><meta charset="utf-8">...</head><body>...</body></html>`:
   `html`, `head` and `body` tags of the input only mark where content goes (the first attributes seen on `html` and
   `body` are kept, e.g. `<body style="margin:0">`); `title`, `style`, `meta`, `link` and `base` elements go to the
   head, everything else to the body.
-- The page is static: `script`, `iframe`, `object`, `embed` elements (with their content), `on*` event attributes
-  and `javascript:` URLs are removed. Comments, processing instructions and declarations are dropped.
+- The page is static: `script`, `iframe`, `object`, `embed` elements (with their content), refresh redirects
+  (`<meta http-equiv="refresh">`), `on*` event attributes and `javascript:` URLs are removed. Comments, processing
+  instructions and declarations are dropped.
 - Names are kept only when they are valid XML names made of ASCII letters, digits, `-`, `_`, `.`, `:` (an element
   with another name is unwrapped: its content is kept); duplicate attributes keep the first value; text and
   attribute values are escaped; characters XML 1.0 forbids (NUL and other C0 controls, lone surrogates, U+FFFE/F)
@@ -105,6 +108,9 @@ class _TreeBuilder(HTMLParser):
             if not self_closing and tag not in VOID:
                 self.skip_depth, self.skip_tag = 1, tag
             return
+        if tag == "meta" and any(name == "http-equiv" and (value or "").strip().lower() == "refresh"
+                                 for name, value in attrs):
+            return  # a timed reload or redirect (e.g. to a local file): the page would not stay static
         if tag == "html":
             if self.html_attrs is None:
                 self.html_attrs = _safe_attrs(attrs)
@@ -168,18 +174,32 @@ class _TreeBuilder(HTMLParser):
             parent.children.append(data)
 
 
-def _serialise(node: _Element | str, out: list[str], raw_text: bool = False) -> None:
-    if isinstance(node, str):
-        out.append(node.replace("]]>", "]] >") if raw_text else html.escape(node, quote=False))
-        return
-    attrs = "".join(f' {name}="{html.escape(value, quote=True)}"' for name, value in node.attrs)
-    if node.tag in VOID:
-        out.append(f"<{node.tag}{attrs}/>")
-        return
-    out.append(f"<{node.tag}{attrs}>")
-    for child in node.children:
-        _serialise(child, out, raw_text=node.tag == "style")
-    out.append(f"</{node.tag}>")
+def _serialise(root: _Element, out: list[str]) -> None:
+    """Append the HTML of `root` and everything in it to `out`; iterative, so any nesting depth serialises."""
+    todo: list[tuple[_Element | str, bool] | str] = [(root, False)]  # (node, inside style) or an end tag
+    while todo:
+        item = todo.pop()
+        if isinstance(item, str):
+            out.append(item)
+            continue
+        node, raw_text = item
+        if isinstance(node, str):
+            out.append(node.replace("]]>", "]] >") if raw_text else html.escape(node, quote=False))
+            continue
+        attrs = "".join(f' {name}="{html.escape(value, quote=True)}"' for name, value in node.attrs)
+        if node.tag in VOID:
+            out.append(f"<{node.tag}{attrs}/>")
+            continue
+        out.append(f"<{node.tag}{attrs}>")
+        todo.append(f"</{node.tag}>")
+        todo.extend((child, node.tag == "style") for child in reversed(node.children))
+
+
+def _raw_text_tail(text: str, tag: str) -> str:
+    """The text of a `tag` element (`style`, `title`, `textarea`) cut off by the end of the input, less an
+    unfinished end tag at its end (`</sty`)."""
+    cut = text.rfind("</")
+    return text[:cut] if cut >= 0 and f"</{tag}".startswith(text[cut:].lower()) else text
 
 
 def repair_html(text: str | bytes | None) -> str:
@@ -198,7 +218,10 @@ def repair_html(text: str | bytes | None) -> str:
     builder = _TreeBuilder()
     builder.feed(str(text))
     leftover = builder.rawdata  # what feed() could not parse yet: an unfinished tag, comment or text
-    if leftover.lstrip().startswith("<"):
+    if builder.cdata_elem is not None:  # cut inside `style`, `title` or `textarea`: its text so far is its content
+        builder.rawdata = ""
+        builder.handle_data(_raw_text_tail(leftover, builder.cdata_elem))
+    elif leftover.lstrip().startswith("<"):
         builder.rawdata = ""  # an unfinished tag at the end (truncated output): dropped
     builder.close()
     head = builder.head

@@ -8,6 +8,7 @@ the frame (`h' = round(64 * H / W)`). Terms, each in [0, 1], higher is more simi
 - `colour_layout(a, b)`: the reduced images cut into an 8 x 8 grid of cells (row and column edges at
   `floor(i * size / 8)`), each cell replaced by its mean RGB colour;
   `1 - mean over cells of ||c_a - c_b||_2 / (255 * sqrt(3))` (1 for identical cell colours, 0 for black vs white).
+  A frame wider than about 8.5 : 1 is reduced to under 8 rows: the mean is then over the cells that hold pixels.
 - `image_similarity(a, b) = 0.5 * structure + 0.5 * colour_layout`.
 
 A recording may be scrolled, so the page is compared through every window a frame could show:
@@ -85,13 +86,25 @@ def ssim(x: np.ndarray, y: np.ndarray, window: int = WINDOW) -> np.ndarray | flo
     return float(out) if np.ndim(out) == 0 else out
 
 
+def _cells(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """Starts `[GRID]` and lengths `[GRID]` of the GRID cells along a side of `size` px (edges at
+    `floor(i * size / GRID)`): a side under GRID px has empty cells, of length 0."""
+    starts = np.floor(np.arange(GRID) * size / GRID).astype(int)
+    return starts, np.diff(np.append(starts, size))
+
+
+def _filled(h: int, w: int) -> np.ndarray:
+    """`[GRID, GRID]` bool: the cells of an `h x w` image that hold pixels (all of them when both sides are at least
+    GRID px)."""
+    return (_cells(h)[1][:, None] * _cells(w)[1][None, :]) > 0
+
+
 def _grid(rgb: np.ndarray) -> np.ndarray:
-    """Mean colours `[..., GRID, GRID, 3]` of the GRID x GRID cells of `rgb [..., h, w, 3]`."""
-    h, w = rgb.shape[-3], rgb.shape[-2]
-    rows = np.floor(np.arange(GRID) * h / GRID).astype(int)
-    cols = np.floor(np.arange(GRID) * w / GRID).astype(int)
+    """Mean colours `[..., GRID, GRID, 3]` of the GRID x GRID cells of `rgb [..., h, w, 3]` (meaningless in the
+    empty cells of a side under GRID px: only the `_filled` cells are compared)."""
+    (rows, heights), (cols, widths) = _cells(rgb.shape[-3]), _cells(rgb.shape[-2])
     sums = np.add.reduceat(np.add.reduceat(rgb, rows, axis=-3), cols, axis=-2)
-    counts = np.diff(np.append(rows, h))[:, None] * np.diff(np.append(cols, w))[None, :]
+    counts = heights[:, None] * widths[None, :]
     return sums / np.maximum(counts, 1)[..., None]
 
 
@@ -114,7 +127,8 @@ class _Windows:
         s = ((2 * self.mean * my + _C1) * (2 * cxy + _C2)) / ((self.mean**2 + my * my + _C1) * (self.var + vy + _C2))
         struct = np.clip(s.mean(axis=(-2, -1)), 0.0, 1.0)
         dist = np.sqrt(((self.grid - _grid(frame)) ** 2).sum(-1)) / (255.0 * np.sqrt(3.0))
-        return struct, 1.0 - dist.mean(axis=(-2, -1))
+        filled = _filled(*frame.shape[:2])  # mean over the filled cells only
+        return struct, 1.0 - np.where(filled, dist, 0.0).mean(axis=(-2, -1)) * (filled.size / filled.sum())
 
 
 def _terms(frame: np.ndarray, windows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

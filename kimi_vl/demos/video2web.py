@@ -5,11 +5,11 @@ Pipeline (`run_video2web`):
 1. Model: a saved Kimi-VL directory (`config.json` of model_type `kimi_vl`, weights, processor and tokenizer files).
    A missing directory or missing files raise `CheckpointError`; a model without a vision encoder (e.g. a
    `kimi_vl_text` checkpoint) or a processor without a video processor raises `ConfigError`.
-2. Video: decoded with decord (`kimi_vl.vision.load_video`), sampled by `fps` or `num_frames` (default: the video
-   processor's `fps`). The sample is kept within the media budget: at most the video processor's `max_frames`
-   frames, each within its `max_patches` patch budget, and at most `max_video_tokens` vision tokens in all
-   (default `DEFAULT_MAX_VIDEO_TOKENS`); a long video gets fewer, still uniformly spaced, frames (whole chunks of
-   `temporal_patch_size` frames). Corrupt, empty or unreadable videos raise `InvalidMediaError`.
+2. Video: decoded with decord (`kimi_vl.vision.load_video`; GIF animations with Pillow), sampled by `fps` or
+   `num_frames` (default: the video processor's `fps`). The sample is kept within the media budget: at most the video
+   processor's `max_frames` frames, each within its `max_patches` patch budget, and at most `max_video_tokens` vision
+   tokens in all (default `DEFAULT_MAX_VIDEO_TOKENS`); a long video gets fewer, still uniformly spaced, frames (whole
+   chunks of `temporal_patch_size` frames). Corrupt, empty or unreadable videos raise `InvalidMediaError`.
 3. Prompt: the processor's chat template with one user turn `[video, SCREENCAST_QUESTION]`
    (`kimi_vl.data.world.SCREENCAST_QUESTION`, the question the training data asks) and the assistant
    header;
@@ -365,8 +365,10 @@ def render_and_score(
 ) -> tuple[Path, Path, Path, dict[str, Any]]:
     """Render `site` (an HTML file) at the frames' size and score it against the frames `[T, H, W, 3]`.
 
-    Writes `render.png` (the page's first screen, `W x H`), `compare.png` (first frame | render, a 4 px grey
-    gap) and `score.json` (`PageScore.to_dict()` plus the sizes) in `out_dir` (created if missing).
+    Writes `render.png` (the first `W x H` of the page rendered `_page_height(H)` px tall, as the score sees it),
+    `compare.png` (first frame | render, a 4 px grey gap) and `score.json` (`PageScore.to_dict()` plus the sizes) in
+    `out_dir` (created if missing). A page sized by its viewport (`vh` units, fixed elements) lays out in that tall
+    window as in a tall browser window.
 
     Returns:
         `(render_path, compare_path, score_path, score_dict)`.
@@ -382,7 +384,9 @@ def render_and_score(
     t, h, w, _ = frames.shape
     page_h = _page_height(h)
     full = render_html(Path(site), w, page_h, timeout=timeout, browser=browser)
-    shot = full.crop((0, 0, w, h))  # the first screen: what a w x h window shows (the page lays out the same)
+    # the first screen: what a w x h window shows, except for a page sized by its viewport (vh units, fixed elements,
+    # height media queries), which lays out in the taller window as in a taller browser window
+    shot = full.crop((0, 0, w, h))
     render_path = out / "render.png"
     shot.save(render_path)
     compare = Image.new("RGB", (2 * w + 4, h), (128, 128, 128))

@@ -1,4 +1,4 @@
-"""Safe media I/O: images with Pillow, videos with decord.
+"""Safe media I/O: images with Pillow, videos with decord (GIF animations, which decord cannot open, with Pillow).
 
 Every failure (missing file, corrupt or truncated data, zero-size image, an image over the pixel limit, a video
 without frames, a frame request the video cannot satisfy) raises `InvalidMediaError` naming the source and the
@@ -35,7 +35,7 @@ import decord
 import numpy as np
 from PIL import Image, ImageOps
 
-from ..errors import ConfigError, InvalidMediaError
+from ..errors import ConfigError, InvalidMediaError, KimiVLError
 
 DEFAULT_MAX_PIXELS = 89_478_485
 """Largest accepted width * height of an image: Pillow's `Image.MAX_IMAGE_PIXELS` (about 9459 x 9459)."""
@@ -332,6 +332,57 @@ def _decode_frames(reader: Any, indices: list[int]) -> np.ndarray:
         return np.stack(frames)
 
 
+GIF_DEFAULT_DELAY_MS = 100
+"""Display time of a GIF frame whose delay is 10 ms or less (0 or 1 hundredth): browsers show it 100 ms."""
+
+
+def _sample_video(name: str, total: int, source_fps: float | None, **sampling: Any) -> np.ndarray:
+    """`sample_frame_indices(total, source_fps=source_fps, **sampling)`, its `InvalidMediaError` naming the video."""
+    try:
+        return sample_frame_indices(total, source_fps=source_fps, **sampling)
+    except InvalidMediaError as exc:
+        raise InvalidMediaError(f"video {name}: {exc}") from exc
+
+
+def _is_gif(path: Path) -> bool:
+    """Whether the file starts with a GIF signature (False when it cannot be read: decord then says why)."""
+    try:
+        with path.open("rb") as file:
+            return file.read(6) in (b"GIF87a", b"GIF89a")
+    except OSError:
+        return False
+
+
+def _load_gif(
+    path: Path, name: str, *, fps: float | None, num_frames: int | None, max_frames: int
+) -> VideoFrames:
+    """`load_video` for a GIF animation, read with Pillow: each frame shows for its delay (`GIF_DEFAULT_DELAY_MS` when
+    10 ms or less, as browsers play it), the frame rate is the average one and frames are converted by `to_rgb`
+    (transparent pixels on white)."""
+    try:
+        with Image.open(path) as image:
+            delays = []
+            for i in range(getattr(image, "n_frames", 1)):
+                image.seek(i)
+                delay = image.info.get("duration") or 0
+                delays.append(delay if delay > 10 else GIF_DEFAULT_DELAY_MS)
+            total, source_fps = len(delays), len(delays) * 1000.0 / sum(delays)
+            indices = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames)
+            frames = []
+            for i in indices.tolist():
+                image.seek(i)
+                frames.append(np.asarray(to_rgb(image.copy())))
+    except _DECODE_ERRORS as exc:
+        if isinstance(exc, KimiVLError):  # a sampling request the animation cannot satisfy
+            raise
+        raise InvalidMediaError(
+            f"video {name} is a corrupt or truncated GIF ({type(exc).__name__}: {exc}); re-export it."
+        ) from exc
+    starts = np.concatenate([[0.0], np.cumsum(delays[:-1], dtype=np.float64)]) / 1000.0
+    return VideoFrames(frames=np.stack(frames), timestamps=starts[indices], indices=indices, fps=source_fps,
+                       total_frames=total)
+
+
 def load_video(
     src: VideoSource,
     *,
@@ -339,7 +390,8 @@ def load_video(
     num_frames: int | None = None,
     max_frames: int = DEFAULT_MAX_FRAMES,
 ) -> VideoFrames:
-    """Decode a video with decord (CPU) and sample frames uniformly by a target fps or by a frame count.
+    """Decode a video with decord (CPU; a GIF animation with Pillow, see `_load_gif`) and sample frames uniformly by a
+    target fps or by a frame count.
 
     Sampling rule (`sample_frame_indices`): `num_frames` (wins over `fps`) picks that many uniformly spaced frames;
     `fps` picks `int(duration * fps)` (at least 1, at most every frame once); neither keeps every frame. When that
@@ -363,6 +415,8 @@ def load_video(
     """
     path = _local_path(src, "video")
     name = repr(short_source(str(path)))
+    if _is_gif(path):
+        return _load_gif(path, name, fps=fps, num_frames=num_frames, max_frames=max_frames)
     try:
         reader = decord.VideoReader(str(path), ctx=decord.cpu(0))
         total = len(reader)
@@ -381,12 +435,7 @@ def load_video(
         raise InvalidMediaError(f"video {name} contains no frames; pass a video with at least one frame.")
     if not (source_fps is not None and math.isfinite(source_fps) and source_fps > 0):
         source_fps = None
-    try:
-        indices = sample_frame_indices(
-            total, source_fps=source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames
-        )
-    except InvalidMediaError as exc:
-        raise InvalidMediaError(f"video {name}: {exc}") from exc
+    indices = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames)
     try:
         frames = _decode_frames(reader, indices.tolist())
         timestamps = reader.get_frame_timestamp(indices.tolist())[:, 0].astype(np.float64)

@@ -80,6 +80,19 @@ def test_truncated_page_keeps_its_content_and_closes_it():
     assert full == DOCTYPE + '<html><head><meta charset="utf-8"/></head>' + html[len("<html>"):]
 
 
+@pytest.mark.parametrize(("cut", "tag", "text"), [
+    ("<style>body{margin:0}.h{background:navy;height:80px}", "style", "body{margin:0}.h{background:navy;height:80px}"),
+    ("<style>p{color:red}</sty", "style", "p{color:red}"),
+    ("<title>My shop &amp; more", "title", "My shop & more"),
+    ("<div><textarea>typed so far</", "textarea", "typed so far"),
+])
+def test_output_cut_inside_a_raw_text_element_keeps_its_text(cut, tag, text):
+    """A reply cut (max_new_tokens) inside a stylesheet keeps the rules written so far, as a browser does, rather
+    than losing the whole stylesheet; an unfinished end tag at the cut is dropped."""
+    root = check_document(repair_html(cut))
+    assert root.find(f".//{tag}").text == text
+
+
 def test_repair_removes_active_content():
     doc = repair_html('<div onclick="x()">a<script>alert(1)</script><iframe src="y"></iframe>'
                       '<a href=" javascript:alert(2)">l</a><img src="p.png" onerror="z()"></div>')
@@ -89,6 +102,16 @@ def test_repair_removes_active_content():
     assert '<img src="p.png"/>' in doc and "<a>l</a>" in doc
 
 
+def test_repair_removes_refresh_redirects():
+    """`<meta http-equiv="refresh">` would reload the page or navigate the renderer elsewhere (a local folder, a
+    remote site) before the screenshot; other meta elements stay."""
+    doc = repair_html('<meta http-equiv="Refresh" content="0;url=file:///etc/"><meta http-equiv="refresh" content="1">'
+                      '<meta name="viewport" content="width=device-width"><div>page</div>')
+    head, body = check_document(doc)
+    assert "refresh" not in doc.lower() and "/etc/" not in doc
+    assert [e.get("name") for e in head] == [None, "viewport"] and body[0].text == "page"
+
+
 def test_head_elements_and_text_escaping():
     doc = repair_html("<title>a<b</title><style>p{color:red}</style>x < y & z<br>")
     root = check_document(doc)
@@ -96,3 +119,13 @@ def test_head_elements_and_text_escaping():
     assert [e.tag for e in head] == ["meta", "title", "style"]
     assert head.find("title").text == "a<b" and head.find("style").text == "p{color:red}"
     assert body.text == "x < y & z" and body[0].tag == "br"
+
+
+def test_deeply_nested_output_is_repaired():
+    """A model stuck repeating `<div>` (a greedy loop) nests its elements deeper than Python's recursion limit: the
+    document still comes back, every element closed."""
+    depth = 5000
+    doc = repair_html("<div>" * depth + "x")
+    assert doc.endswith("x" + "</div>" * depth + "</body></html>")
+    root = ET.fromstring(doc[len(DOCTYPE):])
+    assert sum(1 for _ in root.iter("div")) == depth

@@ -59,3 +59,17 @@ def test_page_similarity_errors():
         page_similarity(frames, Image.new("RGB", (80, 200)))
     with pytest.raises(ConfigError, match="one size"):
         page_similarity([frames[0], frames[1].resize((32, 24))], frames[0])
+
+
+@pytest.mark.parametrize("size", [(1000, 20), (640, 70), (1920, 200)])
+def test_colour_layout_of_a_wide_frame_stays_in_range(size):
+    """A frame wider than about 8.5 : 1 is reduced to under 8 rows, so some of the 8 x 8 cells are empty: the term is
+    the mean over the cells that hold pixels, still 0 for black against white and 1/2 against mid grey."""
+    black, white, grey = (Image.new("RGB", size, c) for c in ("black", "white", (128, 128, 128)))
+    assert colour_layout(black, white) == pytest.approx(0.0, abs=1e-12)
+    assert colour_layout(black, grey) == pytest.approx(1 - 128 / 255)
+    assert colour_layout(black, black) == 1.0
+    assert 0.0 <= page_similarity([black], white).score <= 1.0
+    stripes = np.zeros((size[1], size[0], 3), np.uint8)
+    stripes[:, : size[0] // 2] = 255  # left half white: half of the filled cells differ completely from black
+    assert colour_layout(black, stripes) == pytest.approx(0.5)

@@ -315,6 +315,31 @@ def test_padded_row_widths_decode_correctly(tmp_path):
     assert np.abs(clip.frames.astype(int) - frames[:2]).max() < 12
 
 
+def test_gif_animation_is_read_with_its_frame_delays(tmp_path):
+    """Screen recorders (Peek, LICEcap, Kap) write GIFs, which decord cannot open: they are read with Pillow, each
+    frame shown for its delay (0 ms: 100 ms, as browsers play it), transparent pixels on white."""
+    levels = [10, 60, 110, 160, 210, 250]
+    frames = [Image.fromarray(np.full((30, 40, 3), v, np.uint8)) for v in levels]
+    gif = tmp_path / "screen recording é.gif"
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=[100, 100, 0, 200, 100, 100], loop=0)
+    clip = load_video(gif)
+    assert clip.frames.shape == (6, 30, 40, 3) and clip.frames.dtype == np.uint8 and clip.total_frames == 6
+    assert clip.frames[:, 0, 0, 0].tolist() == levels
+    np.testing.assert_allclose(clip.timestamps, [0.0, 0.1, 0.2, 0.3, 0.5, 0.6])
+    assert clip.fps == pytest.approx(6 / 0.7)
+    by_count = load_video(gif.as_uri(), num_frames=3)
+    assert by_count.indices.tolist() == [0, 2, 4] and by_count.frames[:, 0, 0, 0].tolist() == [10, 110, 210]
+    assert load_video(gif, fps=2).indices.tolist() == [0]  # 0.7 s at 2 fps
+    with pytest.raises(InvalidMediaError, match="7 frames requested but the video has only 6"):
+        load_video(gif, num_frames=7)
+    (tmp_path / "cut.gif").write_bytes(gif.read_bytes()[:60])
+    with pytest.raises(InvalidMediaError, match=r"cut\.gif.*corrupt or truncated GIF"):
+        load_video(tmp_path / "cut.gif")
+    transparent = Image.new("P", (8, 8), 0)
+    transparent.save(tmp_path / "t.gif", transparency=0)
+    assert load_video(tmp_path / "t.gif").frames.reshape(-1, 3).min() == 255
+
+
 def test_more_frames_than_exist_is_an_error(video8):
     with pytest.raises(InvalidMediaError, match=r"clip\.mp4.*9 frames requested but the video has only 8"):
         load_video(video8, num_frames=9)
