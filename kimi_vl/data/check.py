@@ -72,9 +72,9 @@ def _estimate_tokens(record: Record, loaded: Any, image_processor: Any, video_pr
 def _encoded_tokens(record: Record, loaded: Any, processor: Any, seq_len: int) -> int:
     """The record's tokens as training encodes it; a media block longer than a row is a bad record, as in training."""
     if record.kind == "document":
-        return len(check_media_blocks(encode_document(loaded, processor), seq_len))
+        return len(check_media_blocks(encode_document(loaded, processor), seq_len, processor))
     if record.kind == "chat":
-        return len(check_media_blocks(encode_chat(loaded, processor), seq_len))
+        return len(check_media_blocks(encode_chat(loaded, processor), seq_len, processor))
     return len(encode_prompt(loaded, processor)[0])
 
 

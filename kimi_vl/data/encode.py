@@ -36,7 +36,7 @@ import torch
 
 from ..errors import ConfigError, InvalidMediaError, ShapeError
 from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
-from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE
+from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE, MEDIA_END, MEDIA_START
 from .world import Sample, sample_text
 
 IGNORE_INDEX = -100
@@ -274,13 +274,20 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
 
 def encode_chat(messages: list[dict[str, Any]], processor: Any) -> Document:
     """A conversation in Kimi's chat format with loss on the assistant turns only (their content and closing
-    `<|im_end|>`). Media parts (`{"type": "image", "image": PIL}`, `{"type": "video", "video": Screencast}`) are
-    expanded by the processor."""
+    `<|im_end|>`; a media block in one, `<|media_start|>` to `<|media_end|>`, is input, without loss). Media parts
+    (`{"type": "image", "image": PIL}`, `{"type": "video", "video": Screencast}`) are expanded by the processor."""
     messages = _check_messages(messages)
     images, videos = message_media(messages)
     text = render_chat(messages, chat_template=_chat_template(processor))
     ids, media = process(processor, text, images, videos)
     mask = assistant_mask(ids, processor)
+    if media:
+        start, end = special_ids(processor, (MEDIA_START, MEDIA_END))
+        inside = False
+        for i, t in enumerate(ids):
+            inside = inside or t == start
+            mask[i] = mask[i] and not inside
+            inside = inside and t != end
     labels = [t if m else IGNORE_INDEX for t, m in zip(ids, mask)]
     return Document(ids, labels, images, videos, media, splittable=False)
 

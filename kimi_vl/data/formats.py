@@ -253,17 +253,17 @@ def _parts(content: Any, images: list[MediaRef], videos: list[MediaRef], taken: 
     return parts
 
 
-def _chat(turns: list[tuple[str, Any]], images: list[MediaRef], videos: list[MediaRef], base: Path | None,
+def _chat(turns: list[tuple[str, Any, str]], images: list[MediaRef], videos: list[MediaRef], base: Path | None,
           *, need_assistant: bool) -> list[dict[str, Any]]:
-    """Messages from `(role, content)` turns; the record's media go to their placeholders, or before the first
-    user turn's content when no turn has any."""
+    """Messages from `(role, content, where)` turns (`where`: the turn as the record holds it, e.g.
+    `conversations[2]`, for error messages); the record's media go to their placeholders, or before the first user
+    turn's content when no turn has any."""
     taken = {"image": 0, "video": 0}
     messages = []
-    for i, (role, content) in enumerate(turns):
+    for role, content, where in turns:
         if role not in ROLES:
-            raise _bad(f"turn {i} has the unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
-        messages.append({"role": ROLES[role], "content": _parts(content, images, videos, taken, base,
-                                                                f"turn {i}")})
+            raise _bad(f"{where} has the unknown role {role!r} (known: {', '.join(sorted(ROLES))})")
+        messages.append({"role": ROLES[role], "content": _parts(content, images, videos, taken, base, where)})
     if taken["image"] == 0 and taken["video"] == 0 and (images or videos):
         user = next((m for m in messages if m["role"] == "user"), None)
         if user is None:
@@ -286,8 +286,8 @@ def _messages(row: dict, base: Path | None) -> Record:
         if not isinstance(m, dict) or "role" not in m or "content" not in m:
             raise _bad(f"messages[{i}] is not a {{'role', 'content'}} dict")
     images, videos = _media_list(row, "images", "image", base), _media_list(row, "videos", "video", base)
-    return Record("chat", messages=_chat([(m["role"], m["content"]) for m in turns], images, videos, base,
-                                         need_assistant=True))
+    return Record("chat", messages=_chat([(m["role"], m["content"], f"messages[{i}]") for i, m in enumerate(turns)],
+                                         images, videos, base, need_assistant=True))
 
 
 def _sharegpt(row: dict, base: Path | None) -> Record:
@@ -295,22 +295,28 @@ def _sharegpt(row: dict, base: Path | None) -> Record:
     for i, t in enumerate(turns):
         if not isinstance(t, dict) or "from" not in t or "value" not in t:
             raise _bad(f"conversations[{i}] is not a {{'from', 'value'}} dict")
-    images = _media_list(row, "images" if "images" in row else "image", "image", base)
-    videos = _media_list(row, "videos" if "videos" in row else "video", "video", base)
-    pairs = [(t["from"], t["value"]) for t in turns]
+    images = _media_list(row, "images" if row.get("images") is not None else "image", "image", base)
+    videos = _media_list(row, "videos" if row.get("videos") is not None else "video", "video", base)
+    pairs = [(t["from"], t["value"], f"conversations[{i}]") for i, t in enumerate(turns)]
     system = row.get("system")
     if system is not None and not isinstance(system, str):
         raise _bad(f"'system' is a {type(system).__name__}, not a string (the system prompt)")
     if system:
-        pairs.insert(0, ("system", system))
+        pairs.insert(0, ("system", system, "'system'"))
     return Record("chat", messages=_chat(pairs, images, videos, base, need_assistant=True))
 
 
 def _answer(value: Any) -> str:
+    """A row's RL ground truth as the text the rewards read: a string or a number, a list of exactly one, or a
+    grounding answer's boxes as JSON lists (`[[x0, y0, x1, y1], ...]`, written back as that text)."""
+    if isinstance(value, (list, tuple)) and value and all(
+            isinstance(box, (list, tuple)) and len(box) == 4 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in box) for box in value):
+        return json.dumps([list(box) for box in value])
     if isinstance(value, (list, tuple)):
         if len(value) != 1:
             raise _bad(f"the RL answer is a list of {len(value)} values ({_short(value)}); give one ground truth "
-                       "(a string or a number, or a list of exactly one)")
+                       "(a string or a number, or a list of exactly one; grounding boxes as [[x0, y0, x1, y1], ...])")
         value = value[0]
     if isinstance(value, (dict, list, tuple)):
         raise _bad(f"the RL answer is a {type(value).__name__} ({_short(value)}), not a string or a number")
@@ -327,7 +333,8 @@ def _verl(row: dict, base: Path | None) -> Record:
     truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
     answer = _answer(truth)
     images, videos = _media_list(row, "images", "image", base), _media_list(row, "videos", "video", base)
-    messages = _chat([(m["role"], m["content"]) for m in turns], images, videos, base, need_assistant=False)
+    messages = _chat([(m["role"], m["content"], f"prompt[{i}]") for i, m in enumerate(turns)], images, videos, base,
+                     need_assistant=False)
     if not messages or messages[-1]["role"] != "user":
         raise _bad("the prompt does not end with a user turn")
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
@@ -341,8 +348,8 @@ def _easyr1(row: dict, base: Path | None) -> Record:
         raise _bad("'problem' is empty; give the question (text, <image> placeholders)")
     answer = _answer(row.get("answer"))
     images, videos = _media_list(row, "images", "image", base), _media_list(row, "videos", "video", base)
-    return Record("prompt", messages=_chat([("user", problem)], images, videos, base, need_assistant=False),
-                  answer=answer, task=str(row.get("data_source") or "easyr1"))
+    messages = _chat([("user", problem, "'problem'")], images, videos, base, need_assistant=False)
+    return Record("prompt", messages=messages, answer=answer, task=str(row.get("data_source") or "easyr1"))
 
 
 def _text(row: dict, base: Path | None) -> Record:
@@ -427,12 +434,15 @@ def get_format(name: str) -> Format:
 
 
 def detect_format(row: Any) -> Format:
-    """The format a record's keys show (`BadRecordError` when none does)."""
+    """The format a record's keys show (`BadRecordError` when none does). Keys holding None count only when no
+    format fits the others: a Parquet file (or JSON with nulls) mixing schemas holds every column in every row."""
     if not isinstance(row, dict):
         raise _bad(f"a record is a {type(row).__name__}, not a JSON object")
-    for f in FORMATS.values():
-        if f.detect(row):
-            return f
+    present = {k: v for k, v in row.items() if v is not None}
+    for keys in (present, row):
+        for f in FORMATS.values():
+            if f.detect(keys):
+                return f
     raise _bad(f"no known schema has the keys {sorted(row)[:12]}; pass --format (one of {', '.join(FORMATS)})")
 
 

@@ -37,7 +37,7 @@ from typing import Any, TypeVar
 from ..errors import BadRecordError, ConfigError, DataError
 from .encode import Document, Prompt, encode_chat, encode_document
 from .formats import Format, Record, error_reason, get_format, parse_record
-from .pack import BatchDraws, PackedStream
+from .pack import BatchDraws, PackedStream, media_units, packing_ids
 from .sources import Source
 
 T = TypeVar("T")
@@ -253,19 +253,19 @@ class Mixture:
 
     def texts(self, n: int) -> list[str]:
         """About `n` texts drawn by weight (the shuffled order's first records; bad records skipped), to train a
-        tokenizer on."""
+        tokenizer on. A source read to its end is not drawn again: the others, by weight, give the rest."""
         rng = random.Random(f"texts:{self.seed}")
-        group = self.group(self.sources)
+        live = list(self.sources)
         positions: Counter = Counter()
         out: list[str] = []
         for _ in range(n * 2):
-            if len(out) >= n:
+            if len(out) >= n or sum(self.weights[s.name] for s in live) <= 0:
                 break
-            source = group.pick(rng)
-            if not source.streaming and positions[source.name] >= len(source):
-                continue
+            source = self.group(live).pick(rng)
             index = self.record_index(source, positions[source.name])
             positions[source.name] += 1
+            if not source.streaming and positions[source.name] >= len(source):
+                live.remove(source)
             try:
                 text = self._parse(source, index).text()
             except BadRecordError:
@@ -338,21 +338,23 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------------------- documents
-def media_block_too_long(tokens: int, seq_len: int, kind: str) -> str | None:
+def media_block_too_long(tokens: int, seq_len: int, kind: str, header: int = 4) -> str | None:
     """Why an image or video chunk (`kind`) of `tokens` vision tokens cannot be trained on in rows of `seq_len`
-    tokens (None when it fits with its 4 framing tokens): a media block is never cut between rows."""
-    if tokens + 4 <= seq_len:
+    tokens (None when it fits with the `header` tokens that open its block: `<|media_start|>`, the kind's name as
+    the tokenizer splits it, `<|media_content|>`; 4 when not known): a media block is never cut between rows."""
+    if tokens + header <= seq_len:
         return None
     return (f"an {kind} of {tokens} vision tokens does not fit in a row of seq_len={seq_len}; raise seq_len or lower "
             "the processor's max_patches")
 
 
-def check_media_blocks(doc: Document, seq_len: int) -> Document:
-    """A bad-record error when one of the document's media blocks is longer than a row."""
-    for key, kind in (("image_grid_thw", "image"), ("video_grid_thw", "video chunk")):
-        grid = doc.media.get(key)
-        if grid is not None and len(grid):
-            if (reason := media_block_too_long(int((grid[:, 1] * grid[:, 2]).max()) // 4, seq_len, kind)):
+def check_media_blocks(doc: Document, seq_len: int, processor: Any) -> Document:
+    """A bad-record error when one of the document's media blocks, as the packer measures it (`media_units`: its
+    header tokens with the tokenizer of `processor`, then its placeholders), is longer than a row."""
+    if doc.media:
+        for unit in media_units(doc, packing_ids(processor)):
+            kind = "image" if unit.kind == "image" else "video chunk"
+            if reason := media_block_too_long(unit.end - unit.start, seq_len, kind, unit.start - unit.block_start):
                 raise BadRecordError(reason)
     return doc
 
@@ -379,7 +381,7 @@ def encode_record(record: Record, processor: Any, seq_len: int) -> Document:
             raise BadRecordError(reason)
     else:
         raise BadRecordError(f"a {record.kind} record cannot be packed for training")
-    return check_media_blocks(doc, seq_len)
+    return check_media_blocks(doc, seq_len, processor)
 
 
 def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int, seed: int,

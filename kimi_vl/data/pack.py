@@ -165,8 +165,18 @@ def _block_start(ids: list[int], start: int, media_start_id: int) -> int:
     return start
 
 
-def _media_units(doc: Document, token_ids: tuple[int, int, int, int]) -> list[_Unit]:
-    """The document's images and video chunks in token order, each matched to its placeholder run."""
+def packing_ids(processor: Any = None) -> tuple[int, int, int, int]:
+    """The pad, image placeholder, video placeholder and `<|media_start|>` ids of `processor` (a `KimiVLProcessor`
+    or a tokenizer; None: the ids `build_tokenizer` assigns), as `media_units` and the packer take them."""
+    tokens = (PAD, MEDIA_PAD, VIDEO_PLACEHOLDER, MEDIA_START)
+    if processor is None:
+        return tuple(SPECIAL_TOKENS.index(t) for t in tokens)
+    return tuple(special_ids(processor, tokens))
+
+
+def media_units(doc: Document, token_ids: tuple[int, int, int, int]) -> list[_Unit]:
+    """The document's images and video chunks in token order, each matched to its placeholder run (`token_ids`:
+    `packing_ids`). A unit's block, `block_start` to `end`, is what the packer never cuts between rows."""
     image_id, video_id, media_start_id = token_ids[1:]
     runs: dict[int, list[tuple[int, int]]] = {image_id: [], video_id: []}
     ids = doc.input_ids
@@ -208,7 +218,7 @@ class _Cursor:
             raise ConfigError("a document source returned an empty document; every document needs tokens.")
         self.doc = doc
         self.offset = 0
-        self.units = _media_units(doc, token_ids) if doc.media else []
+        self.units = media_units(doc, token_ids) if doc.media else []
         if doc.splittable and self.units:
             raise ConfigError("a document with media cannot be splittable; set splittable=False.")
 
@@ -398,10 +408,7 @@ class PackedStream:
         self.seq_len, self.rows, self.seed = int(seq_len), int(rows), int(seed)
         self.vision_ratio = vision_ratio
         self.max_misses = int(max_misses)
-        if processor is None:
-            self.token_ids = tuple(SPECIAL_TOKENS.index(t) for t in (PAD, MEDIA_PAD, VIDEO_PLACEHOLDER, MEDIA_START))
-        else:
-            self.token_ids = tuple(special_ids(processor, (PAD, MEDIA_PAD, VIDEO_PLACEHOLDER, MEDIA_START)))
+        self.token_ids = packing_ids(processor)
 
     def rng(self, index: int) -> random.Random:
         """The random generator batch `index` draws from."""
@@ -461,4 +468,5 @@ class WarmupStream:
         return (self.warmup if index < self.warmup_batches else self.main).batch(index)
 
 
-__all__ = ["BatchDraws", "DocumentSource", "PackedBatch", "PackedStream", "WarmupStream"]
+__all__ = ["BatchDraws", "DocumentSource", "PackedBatch", "PackedStream", "WarmupStream", "media_units",
+           "packing_ids"]

@@ -34,6 +34,7 @@ import codecs
 import glob as globlib
 import hashlib
 import json
+import math
 import os
 import tarfile
 from collections.abc import Iterator
@@ -414,17 +415,18 @@ class HubDataset:
 
 class StreamingHubDataset:
     """Rows of a streamed Hugging Face dataset, read in order (see the module docstring); its length is unknown,
-    `len()` is a large bound and the stream restarts when it runs out."""
+    `len()` is a large bound and the stream restarts when it runs out: position `i` is then row `i mod rows` (`rows`
+    learnt when it ran out), so later epochs read on in order as the first does."""
 
     format_hint = None
     UNKNOWN_LENGTH = 1 << 62
 
     def __init__(self, spec: str) -> None:
         self.path, self.spec = spec, spec
-        self._iter, self._pos, self._pid = None, 0, None
+        self._iter, self._pos, self._pid, self._rows = None, 0, None, None
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "spec": self.spec, "_iter": None, "_pos": 0, "_pid": None}
+        return {"path": self.path, "spec": self.spec, "_iter": None, "_pos": 0, "_pid": None, "_rows": self._rows}
 
     def __len__(self) -> int:
         return self.UNKNOWN_LENGTH
@@ -433,6 +435,8 @@ class StreamingHubDataset:
         self._iter, self._pos, self._pid = iter(_load_dataset(self.spec, streaming=True)), 0, os.getpid()
 
     def read(self, i: int) -> dict[str, Any]:
+        if self._rows is not None:
+            i %= self._rows
         if self._iter is None or self._pid != os.getpid() or i < self._pos:
             self._restart()
         row = None
@@ -442,7 +446,8 @@ class StreamingHubDataset:
             except StopIteration:
                 if self._pos == 0:
                     raise DataError(f"{self.spec}: the stream has no rows.") from None
-                i = i % self._pos  # the stream ran out: continue from its start (another epoch)
+                self._rows = self._pos  # the stream ran out: continue from its start (another epoch)
+                i %= self._rows
                 self._restart()
                 continue
             self._pos += 1
@@ -490,8 +495,8 @@ def split_weight(spec: str) -> tuple[str, float | None]:
             value = float(weight)
         except ValueError:
             return spec, None
-        if not value >= 0:
-            raise ConfigError(f"{spec!r}: a sampling weight must be a number >= 0.")
+        if not 0 <= value < math.inf:
+            raise ConfigError(f"{spec!r}: a sampling weight must be a finite number >= 0.")
         return target, value
     return spec, None
 

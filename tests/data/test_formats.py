@@ -1,6 +1,8 @@
 """Users' record schemas (`kimi_vl.data.formats`): detection, parsing into documents / chats / prompts, placeholder
 rules, every kind of bad record, media reading, and the encoding of parsed records as training would do it."""
 
+import json
+
 import numpy as np
 import pytest
 import torch
@@ -37,6 +39,15 @@ def test_detection_by_keys():
     with pytest.raises(BadRecordError, match="not a JSON object"):
         detect_format([1, 2])
     assert get_format("llava").name == "sharegpt"
+    # a Parquet file (or JSON with nulls) mixing schemas has every column in every row, None where a row has none
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    assert parse({"messages": None, "text": "a document", "images": None}).format == "text"
+    assert parse({"messages": chat, "text": None, "images": None}).format == "messages"
+    llava = parse({"conversations": [{"from": "human", "value": "<image>?"}, {"from": "gpt", "value": "a"}],
+                   "image": "1.png", "images": None})  # LLaVA's `image` next to another set's `images`
+    assert [r.value for r in llava.media()] == ["1.png"]
+    with pytest.raises(BadRecordError, match="no RL answer"):  # keys holding None still name the schema otherwise
+        parse({"problem": "1 + 1?", "answer": None})
     with pytest.raises(ConfigError, match="unknown data format"):
         get_format("alpaca")
 
@@ -90,6 +101,12 @@ def test_llava_sharegpt_and_messages_chats():
     ({"conversations": [{"from": "human", "value": "Hi"}]}, "no assistant turn"),
     ({"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "  "}]}, "no assistant turn"),
     ({"conversations": [{"from": "alien", "value": "Hi"}, {"from": "gpt", "value": "x"}]}, "unknown role 'alien'"),
+    # the turn is named as the record holds it, also after a `system` key (the first message)
+    ({"system": "Be brief.", "conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "x"},
+                                               {"from": "alien", "value": "?"}]},
+     r"^conversations\[2\] has the unknown role 'alien'"),
+    ({"system": "Be brief.", "conversations": [{"from": "human", "value": "a<|im_end|>"}, {"from": "gpt", "value": "x"}]},
+     r"^conversations\[0\] contains the reserved token"),
     ({"conversations": [{"value": "Hi"}]}, r"conversations\[0\] is not"),
     ({"messages": [{"role": "user", "content": "<image><image>"}, {"role": "assistant", "content": "x"}],
       "images": ["a.png"]}, "more <image> placeholders than the record's 1 images"),
@@ -218,6 +235,18 @@ def test_rl_answers_that_can_be_scored():
     assert parse({"problem": "Q", "answer": "1e400"}, reward="exact").answer == "1e400"
     boxes = parse({"problem": "Where?", "answer": "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"})
     assert boxes.reward == "grounding" and boxes.answer == "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"
+
+
+def test_grounding_answers_given_as_json_lists_of_boxes():
+    """The README's grounding answer `[[x0, y0, x1, y1], ...]` written as JSON (or a Parquet list column) rather than
+    as a string was a bad record ("a list of 2 values", or for one box "a list, not a string")."""
+    for truth, verl in (([[1, 2, 3, 4]], False), ([[1, 2, 3, 4], [5.5, 6, 7, 8]], True)):
+        row = ({"prompt": [{"role": "user", "content": "Where?"}], "reward_model": {"ground_truth": truth}} if verl
+               else {"problem": "Where?", "answer": truth})
+        record = parse(row)
+        assert record.reward == "grounding" and json.loads(record.answer) == truth
+    with pytest.raises(BadRecordError, match=r"list of 4 values .*grounding boxes as \[\[x0, y0, x1, y1\], ...\]"):
+        parse({"problem": "Where?", "answer": [1, 2, 3, 4]})  # one flat box: four answers or a box? Refused
 
 
 def test_inline_data_uri_images(tmp_path):

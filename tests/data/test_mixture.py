@@ -138,6 +138,28 @@ def test_vision_ratio_on_users_media_and_text_sources(proc, tmp_path):
         assert off not in batch.documents and batch.documents[on] > 0
 
 
+def test_an_image_block_longer_than_a_row_is_skipped_whatever_the_tokenizer(proc, tmp_path):
+    """A tokenizer trained on users' text may split the block's `image` into several tokens: a block longer than a
+    row by them is a bad record in the check and in training (skipped), not a `ConfigError` that stops the run."""
+    from kimi_vl.data.check import check
+    from kimi_vl.processing import KimiVLProcessor
+    from kimi_vl.tokenization import build_tokenizer
+
+    tok = build_tokenizer(["plain words, no media names"] * 20, 320)
+    assert len(tok.tokenize("image")) >= 3  # the block: 16 placeholders + 2 special tokens + these > 20
+    processor = KimiVLProcessor(proc.image_processor, tok, proc.video_processor)
+    image(0, 112, 112).save(tmp_path / "big.png")  # 16 tokens: with 4 framing tokens it would fit a row of 20
+    image(1, 28, 28).save(tmp_path / "small.png")  # 1 token
+    path = tmp_path / "pictures.jsonl"
+    path.write_text("".join(json.dumps({"text": f"pic{i} <image>", "images": ["big.png" if i == 0 else "small.png"]})
+                            + "\n" for i in range(8)))
+    [report] = check([str(path)], processor=processor, progress=False, seq_len=20)
+    assert [row for _, row, _ in report.bad] == [1] and report.records == 7
+    stream = mixture_stream(mixture(str(path)), processor, seq_len=20, rows=2, seed=0)
+    bad = [r for i in range(6) for r in stream.batch(i).bad_records]
+    assert bad and {r["row"] for r in bad} == {1} and "an image of 16 vision tokens" in bad[0]["reason"]
+
+
 def test_rl_prompts_from_users_rows(tmp_path):
     data = write_user_data(tmp_path)
     m = Mixture([open_source(f"{data['verl.parquet']}=3"), open_source(f"{data['easyr1.jsonl']}=1")], seed=0,
@@ -185,6 +207,15 @@ def test_tokenizer_texts_and_fingerprints(tmp_path):
     embedded = {"sources": [], "format": "auto", "reward": None, "seed": 0}
     assert "source embedded (standard library corpus + synthetic world) was removed" in fingerprint_changes(
         embedded, old)
+
+
+def test_tokenizer_texts_come_from_the_other_sources_once_a_small_one_is_read(tmp_path):
+    """An upweighted small source (3 records, weight 100) is read to its end at once; the tokenizer's texts then
+    come from the other sources rather than stopping at a few dozen."""
+    small, big = docs(tmp_path / "small.jsonl", 3, tag="s"), docs(tmp_path / "big.jsonl", 500, tag="b")
+    texts = mixture(f"{small}=100", f"{big}=1").texts(200)
+    assert len(texts) == 200
+    assert sum(t.startswith("s") for t in texts) == 3 and len(set(texts)) == 200
 
 
 def chats(path, n, *, long=(), words=400):

@@ -29,6 +29,7 @@ from kimi_vl.tokenization.special_tokens import (
     IM_END,
     MEDIA_CONTENT,
     MEDIA_END,
+    MEDIA_PAD,
     MEDIA_START,
 )
 
@@ -118,6 +119,18 @@ def test_encode_chat_masks_everything_but_the_assistant(proc):
     assert not doc.media and not doc.splittable
     with pytest.raises(ConfigError, match="messages"):
         encode_chat([{"content": "no role"}], proc)
+
+
+def test_media_in_an_assistant_turn_carry_no_loss(proc):
+    """An image (or video) in an assistant turn is input: its block, `<|media_start|>` to `<|media_end|>`, has no
+    label, as everywhere else; the turn's text around it keeps its loss."""
+    image = make_sample("count", sample_rng(0, 0)).image
+    messages = [{"role": "user", "content": "Show me."},
+                {"role": "assistant", "content": [{"type": "text", "text": "Here:"}, {"type": "image", "image": image},
+                                                  {"type": "text", "text": " done."}]}]
+    doc = encode_chat(messages, proc)
+    assert loss_text(proc, doc) == f"Here: done.{IM_END}"
+    assert tid(proc, MEDIA_PAD) in doc.input_ids
 
 
 # ----------------------------------------------------------------------------------------------------- batches

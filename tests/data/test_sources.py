@@ -116,8 +116,9 @@ def test_sources_weights_folders_and_globs(user_data, tmp_path):
     assert split_weight("data/a.jsonl=2.5") == ("data/a.jsonl", 2.5)
     assert split_weight("hf:org/name:cfg@train") == ("hf:org/name:cfg@train", None)
     assert split_weight("a=b.jsonl") == ("a=b.jsonl", None)
-    with pytest.raises(ConfigError, match=">= 0"):
-        split_weight("a.jsonl=-1")
+    for bad in ("-1", "inf", "1e400", "nan"):  # an infinite weight would make every draw probability NaN
+        with pytest.raises(ConfigError, match="finite number >= 0"):
+            split_weight(f"a.jsonl={bad}")
     root = user_data["docs.jsonl"].parent
     assert [p.name for p in data_files(str(root / "shards"))] == ["part-00000.tar", "part-00001.tar"]
     assert [p.name for p in data_files(str(root / "*.parquet"))] == ["obelics.parquet", "verl.parquet"]
@@ -215,6 +216,24 @@ def test_hub_datasets_by_name(monkeypatch):
     assert calls[-1] == ("org/name", None, "train", True) and len(calls) == 4  # a step back or a wrap restarts
     with pytest.raises(ConfigError, match="names no dataset"):
         parse_hub_name("hf:")
+
+
+def test_a_streamed_dataset_reads_later_epochs_in_order(monkeypatch):
+    """Once a stream has run out, its next epochs are read on in order like the first: one pass per epoch, not a
+    pass of the whole stream for every row."""
+    import datasets
+
+    passes = []
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        passes.append(name)
+        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(4)]).to_iterable_dataset()
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    stream = open_source("hf:org/name", streaming=True)
+    assert [stream.read(i)[0]["text"] for i in range(12)] == ["t0", "t1", "t2", "t3"] * 3
+    assert len(passes) == 3
 
 
 def test_an_unreachable_hub_fails_at_once(monkeypatch):
