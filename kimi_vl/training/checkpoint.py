@@ -11,10 +11,10 @@ A checkpoint is a directory `step_XXXXXXXX/` holding
 - `manifest.json`, written last: the name, size and sha256 of every other file.
 
 The directory is written under a temporary name in the same parent and renamed into place only once every file is
-written and flushed, so a crash mid-write leaves a `*.tmp-*` directory that is never loaded. Loading reads only
-safetensors and JSON, and only after the manifest verifies (`verify_checkpoint`); `latest_checkpoint` takes the
-newest checkpoint that verifies and warns about each newer one it skips (truncated, altered, or of the old pickle
-format), and raises `CheckpointError` when none does.
+written and flushed, so a crash mid-write leaves a `*.tmp-*` directory that is never loaded (the next checkpoint
+written under the same parent removes it). Loading reads only safetensors and JSON, and only after the manifest
+verifies (`verify_checkpoint`); `latest_checkpoint` takes the newest checkpoint that verifies and warns about each
+newer one it skips (truncated, altered, or of the old pickle format), and raises `CheckpointError` when none does.
 """
 
 from __future__ import annotations
@@ -199,7 +199,7 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module, opt
 
     Then keep the newest `keep` checkpoints up to this one (None keeps all); checkpoints of higher steps belong to
     a continuation this run has replaced (it resumed from an earlier one, e.g. past a damaged checkpoint) and are
-    removed.
+    removed, and so are the temporary directories of writes that a killed process left.
 
     Under a process group every rank calls it and rank 0 alone writes (the others return None); parameters and
     optimizer states that are DTensors (FSDP2) are gathered whole first, so the checkpoint is the one a single
@@ -236,6 +236,8 @@ def save_checkpoint(root: str | os.PathLike, step: int, *, model: nn.Module, opt
         shutil.rmtree(final)
     os.rename(tmp, final)
     _fsync(root)
+    for leftover in root.glob("step_*.tmp-*"):  # half-written by a process killed mid-write: never loadable
+        shutil.rmtree(leftover, ignore_errors=True)
     if keep is not None:
         found = list_checkpoints(root)
         older = [p for p in found if checkpoint_step(p) < step]

@@ -45,6 +45,7 @@ from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
 from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
+from .checkpoint import list_checkpoints
 from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
 from .distributed import barrier, collective_device, gather_ints, init_distributed, is_main_process
 from .plots import plot_metrics, plot_rl_metrics
@@ -156,6 +157,37 @@ def _same_weights(recorded: list[dict[str, Any]] | None, from_dir: str | Path) -
     return recorded is not None and recorded == weights_fingerprint(from_dir)
 
 
+def _same_from(was: str | None, recorded: list[dict[str, Any]] | None, from_dir: str | Path) -> bool:
+    """Whether a run recorded as started from `was` (whose weights were `recorded`) started from `from_dir`: the same
+    folder (recorded absolute; runs before that: relative to where they were started), or one with the same weights
+    (a run folder moved or copied elsewhere)."""
+    same_path = was is not None and Path(was).resolve() == Path(from_dir).resolve()
+    return same_path or _same_weights(recorded or weights_fingerprint(was), from_dir)
+
+
+ORIGIN = "origin.json"
+"""In `state/` of an sft or rl run: the checkpoint it started from (`from`, `from_weights`), written at its start."""
+
+
+def _check_origin(out_dir: Path, from_dir: str | Path) -> None:
+    """Record in `out_dir/state` that a fresh run starts from `from_dir`. A run that resumes there from training
+    checkpoints started from another `--from` raises `ConfigError`: it would go on from their weights, not from
+    `from_dir`'s, and its summary would name `from_dir`."""
+    record = out_dir / "state" / ORIGIN
+    if list_checkpoints(out_dir / "state"):
+        was = json.loads(record.read_text()) if record.is_file() else None  # runs before it was recorded: unknown
+        if was is not None and not _same_from(was["from"], was["from_weights"], from_dir):
+            raise ConfigError(
+                f"{out_dir} holds an unfinished run started from {was['from']}, and resuming it goes on from its "
+                f"training checkpoint, trained from that one, not from {from_dir}. Resume it with --from "
+                f"{was['from']}, or write the new run to another --out (or delete {out_dir}).")
+        return
+    if is_main_process():
+        record.parent.mkdir(parents=True, exist_ok=True)
+        record.write_text(json.dumps({"from": str(Path(from_dir).resolve()),
+                                      "from_weights": weights_fingerprint(from_dir)}, indent=1))
+
+
 def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None) -> bool:
     """Whether `out_dir` holds a finished run of `cfg` (from `from_dir`), on every rank
     (`_complete_on_every_rank`): then the stage returns it as it is, which makes a rerun (the quickstart's resume)
@@ -174,11 +206,10 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
         old, new = saved.get(section) or {}, asked.get(section) or {}
         changes += [f"{name} {old.get(name)!r} -> {new.get(name)!r}" for name in sorted(new)
                     if name not in RUN_ONLY_SETTINGS and old.get(name) != new.get(name)]
-    if from_dir is not None:  # recorded absolute (runs before that: relative to where they were started)
+    if from_dir is not None:
         summary = read_summary(out_dir) or {}
         was = summary.get("from")
-        same_path = was is not None and Path(was).resolve() == Path(from_dir).resolve()
-        if not same_path and not _same_weights(summary.get("from_weights") or weights_fingerprint(was), from_dir):
+        if not _same_from(was, summary.get("from_weights"), from_dir):
             changes.append(f"from {was!r} -> {str(from_dir)!r}")
     if changes:
         raise ConfigError(
@@ -271,11 +302,39 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
         "bad_records": bad, "wall_time_s": time.perf_counter() - t0})
 
 
+PROCESSOR_SETTINGS = ("tokenizer", "vocab_size", "tokenizer_texts", "image_max_patches", "video_max_patches",
+                      "video_fps")
+"""The data settings a pre-training run builds its processor from (`build_processor`)."""
+
+
+def _check_same_processor(out_dir: Path, cfg: RunConfig) -> None:
+    """`ConfigError` when the run saved in `out_dir` was started with another preset or other `PROCESSOR_SETTINGS`
+    than `cfg`: a resumed run keeps the processor saved at its start (its model's vocabulary is that tokenizer's),
+    so it cannot honour them, and its `run_config.json` would record settings it never trained with."""
+    saved_path = out_dir / RUN_CONFIG
+    try:
+        saved = json.loads(saved_path.read_text())
+    except (FileNotFoundError, json.JSONDecodeError):  # killed before or while writing it: nothing trained yet
+        return
+    asked = json.loads(json.dumps(cfg.to_dict()))
+    old, new = saved.get("data") or {}, asked["data"]
+    changes = [f"preset {saved.get('preset')!r} -> {cfg.preset!r}"] if saved.get("preset") != cfg.preset else []
+    changes += [f"{name} {old[name]!r} -> {new[name]!r}" for name in PROCESSOR_SETTINGS
+                if name in old and old[name] != new[name]]
+    if changes:
+        raise ConfigError(
+            f"{out_dir} holds a {cfg.stage} run started with another processor or model ({'; '.join(changes)}), "
+            "and a resumed run keeps the tokenizer, image and video processors and model it started with. Resume it "
+            f"with its settings (in {saved_path}), or write the new run to another --out (or delete {out_dir}).")
+
+
 def _processor_for(out_dir: Path, cfg: RunConfig) -> KimiVLProcessor:
-    """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer."""
-    saved = (out_dir / "tokenizer.json").is_file()
+    """The run's processor: saved at the start of a run, so a resumed run uses the very same tokenizer (asked for
+    another one, it raises `ConfigError`: `_check_same_processor`)."""
+    saved = (out_dir / "processor_config.json").is_file()  # written last: a run killed while saving saves it again
     barrier()  # every rank has looked before rank 0 writes: a rank reading a half-written file would fail alone
     if saved:
+        _check_same_processor(out_dir, cfg)
         return KimiVLProcessor.from_pretrained(out_dir)
     texts = None
     if cfg.data.sources and not cfg.data.tokenizer:  # deterministic: every rank trains the same tokenizer
@@ -309,6 +368,7 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
+    _check_origin(out_dir, from_dir)
     return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve()),
                                                     "from_weights": weights_fingerprint(from_dir)})
 
@@ -377,6 +437,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     else:
         source = prompts.prompts
     model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
+    _check_origin(out_dir, from_dir)
     ref_model = None
     if cfg.rl.algorithm == "grpo" and cfg.rl.kl_coef > 0:  # GRPO's KL is to the starting checkpoint, held fixed
         ref_model = load_checkpoint_dir(from_dir, cfg.train.progress)[0].eval().requires_grad_(False)

@@ -124,7 +124,8 @@ class TrainConfig:
         max_grad_norm: gradient-norm clipping (none: off).
         router_bias_rate: step of the aux-loss-free router-bias update.
         nan_patience: non-finite steps in a row before training stops.
-        checkpoint_every: steps between training-state checkpoints.
+        checkpoint_every: steps between training-state checkpoints (RL: at the end of the rollout batch that
+            holds the step).
         keep_checkpoints: newest checkpoints kept.
         val_every: steps between validation losses (0: only at the end, when there is validation data).
         val_batches: batches per validation loss.
@@ -400,6 +401,7 @@ class Trainer:
         cfg = self.cfg
         last: dict[str, Any] = {}
         started = time.monotonic()
+        checkpointed = self.step  # the step of the newest checkpoint (resumed from, or none yet: 0)
         with StopOnSignal(announce=self.accelerator.is_main_process) as stop, self._tracking():
             while self.step < cfg.steps:
                 t0 = time.perf_counter()
@@ -444,8 +446,12 @@ class Trainer:
                 time_up = cfg.max_minutes is not None and time.monotonic() - started >= 60 * cfg.max_minutes
                 stop_now = (self.step < cfg.steps and any_rank(stop.received is not None or time_up,
                                                                self.accelerator.device) and can_checkpoint)
-                if (self.step % cfg.checkpoint_every == 0 and can_checkpoint) or self.step == cfg.steps or stop_now:
+                # due once a multiple of checkpoint_every has passed since the last one: where that step cannot be
+                # checkpointed (RL: inside a rollout batch), at the next one that can
+                due = self.step // cfg.checkpoint_every > checkpointed // cfg.checkpoint_every
+                if (due and can_checkpoint) or self.step == cfg.steps or stop_now:
                     self.save_state()
+                    checkpointed = self.step
                 if stop_now:
                     raise self._interrupted(stop, time_up)
         return last
@@ -599,14 +605,23 @@ def append_jsonl(path: Path, records: list[dict[str, Any]]) -> None:
 
 
 def rewind_metrics(path: Path, step: int) -> None:
-    """Drop the lines of a JSONL metrics file after `step` (a resumed run rewrites them; step 0 removes the file)."""
+    """Drop the lines of a JSONL metrics file after `step` (a resumed run rewrites them; step 0 removes the file),
+    and a last line that a crash cut short (written after the checkpoint of `step`). The file is replaced whole, so
+    a kill while it is rewritten leaves the old one."""
     if not path.exists():
         return
     if step == 0:
         path.unlink()
         return
-    kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
-    path.write_text("".join(line + "\n" for line in kept))
+    lines = [line for line in path.read_text().splitlines() if line]
+    try:
+        json.loads(lines[-1] if lines else "{}")
+    except json.JSONDecodeError:  # cut short by a crash mid-write: a step after the checkpoint
+        lines.pop()
+    kept = [line for line in lines if json.loads(line)["step"] <= step]
+    tmp = path.with_name(f"{path.name}.tmp")  # one name: a kill before the rename leaves none that piles up
+    tmp.write_text("".join(line + "\n" for line in kept))
+    os.replace(tmp, path)
 
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:

@@ -124,6 +124,27 @@ def test_no_verified_checkpoint_stops_naming_the_bad_files(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path / "nothing here") is None
 
 
+
+def test_the_next_checkpoint_removes_writes_a_killed_process_left(tmp_path, monkeypatch):
+    """A process killed mid-write leaves a `step_*.tmp-PID` folder (a model's size and more); the run that resumes
+    removes it with its first checkpoint instead of letting each kill add one to the disk."""
+    model = tiny_lm()
+    optimizer = OPTIMIZERS["adamw"](model)
+    ckpt.save_checkpoint(tmp_path, 2, model=model, optimizer=optimizer, trainer_state={})
+
+    def killed(tensors, filename, *a, **k):
+        raise KeyboardInterrupt("killed while writing")
+
+    monkeypatch.setattr(ckpt, "save_file", killed)
+    with pytest.raises(KeyboardInterrupt):
+        ckpt.save_checkpoint(tmp_path, 4, model=model, optimizer=optimizer, trainer_state={})
+    monkeypatch.undo()
+    (tmp_path / "step_00000004.tmp-1").mkdir()  # the same, left by another process
+    assert len(list(tmp_path.glob("step_00000004.tmp-*"))) == 2
+
+    ckpt.save_checkpoint(tmp_path, 3, model=model, optimizer=optimizer, trainer_state={}, keep=None)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_00000002", "step_00000003"]
+
 class _WritesMarker:
     """A pickle that creates a file when it is loaded."""
 

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from kimi_vl.errors import TrainingInterrupted
+from kimi_vl.training.checkpoint import list_checkpoints
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.rl import RLStep
 from kimi_vl.training.stages import build_model, build_processor, load_checkpoint_dir, read_summary, rl
@@ -105,7 +106,7 @@ def test_off_policy_updates_bf16_autocast_and_checkpoint_boundaries(checkpoint, 
     assert "entropy" in metrics[0] and "entropy" not in metrics[1] and "entropy" in metrics[2]
     assert metrics[0]["reward_mean"] == metrics[1]["reward_mean"]
     assert all(m["loss"] == m["loss"] for m in metrics)  # finite under bf16
-    steps = sorted(p.name for p in (out / "state").iterdir())
+    steps = [p.name for p in list_checkpoints(out / "state")]
     assert steps == ["step_00000002", "step_00000003"]  # step 1 is mid-batch; the last step is always saved
     summary = read_summary(out)
     assert summary["updates_per_batch"] == 2 and summary["steps"] == 3
@@ -127,7 +128,7 @@ def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_
                   progress=False)
     with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 2 of 4"):
         rl(checkpoint, tmp_path / "rl", **kwargs)
-    assert sorted(p.name for p in (tmp_path / "rl" / "state").iterdir()) == ["step_00000002"]
+    assert [p.name for p in list_checkpoints(tmp_path / "rl" / "state")] == ["step_00000002"]
     assert [m["step"] for m in read_metrics(tmp_path / "rl" / "metrics.jsonl")] == [1, 2]
 
 

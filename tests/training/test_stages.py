@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from safetensors.torch import load_file, save_file
 from transformers import AutoModelForImageTextToText
 
 import kimi_vl  # noqa: F401  (registers the Auto classes)
@@ -126,6 +127,51 @@ def test_ranks_that_see_a_stage_in_different_states_stop(pretrained, tmp_path, m
         pretrain(out, steps=3, progress=False, val_batches=1)
     assert seen == [int(finished_here)] and (finished_here or not out.exists())
 
+
+
+@pytest.mark.parametrize("setting,value", [("vocab_size", 1200), ("image_max_patches", 16)])
+def test_resuming_with_another_processor_is_refused_not_ignored(pretrained, tmp_path, setting, value):
+    """A resumed run keeps the tokenizer and media processors saved at its start: asked for other ones it stops
+    naming the change, instead of training with the saved ones while its run_config.json records the new values."""
+    cut = tmp_path / "cut"
+    shutil.copytree(pretrained, cut)
+    (cut / "training_summary.json").unlink()  # as if killed after its last checkpoint
+    saved = (cut / "run_config.json").read_text()
+    old = json.loads(saved)["data"][setting]
+    with pytest.raises(ConfigError, match=rf"started with another processor or model \({setting} {old} -> {value}\)"
+                                          r".*Resume it with its settings"):
+        pretrain(cut, steps=3, progress=False, val_batches=1, **{setting: value})
+    assert (cut / "run_config.json").read_text() == saved
+
+
+def test_resuming_from_another_checkpoint_is_refused_not_ignored(pretrained, tmp_path):
+    """An unfinished SFT asked to go on from another --from stops naming both, rather than go on from its training
+    checkpoint (trained from the first) under a summary that names the second; a copy of the first is the same."""
+    other = tmp_path / "other"
+    shutil.copytree(pretrained, other)
+    weights = load_file(other / "model.safetensors")
+    name = next(iter(weights))
+    weights[name] = weights[name] + 1
+    save_file(weights, other / "model.safetensors", metadata={"format": "pt"})
+    out, settings = tmp_path / "sft", dict(progress=False, val_batches=1, rows=2, seq_len=64)
+    sft(pretrained, out, steps=1, **settings)
+    (out / "training_summary.json").unlink()  # as if killed after its last checkpoint
+    with pytest.raises(ConfigError, match=rf"unfinished run started from {pretrained.resolve()}, .* not from {other}\."
+                                          rf" Resume it with --from {pretrained.resolve()}"):
+        sft(other, out, steps=2, **settings)
+    shutil.copytree(pretrained, tmp_path / "copy")
+    assert sft(tmp_path / "copy", out, steps=2, **settings) == out
+
+
+def test_a_run_killed_while_saving_its_processor_starts_again(pretrained, tmp_path):
+    """Killed between the tokenizer's files and `processor_config.json` (the processor's, written last), the rerun
+    builds and saves the processor again, rather than fail on the half-saved one with transformers' OSError."""
+    out = tmp_path / "pre"
+    out.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(pretrained / name, out / name)
+    pretrain(out, steps=1, progress=False, val_batches=1, rows=2, seq_len=64, tokenizer_texts=200)
+    assert read_summary(out)["complete"] and (out / "processor_config.json").is_file()
 
 def test_sft_then_rl_and_rl_resume(pretrained, tmp_path, monkeypatch):
     sft_dir = sft(pretrained, tmp_path / "sft", steps=2, progress=False, val_batches=1)

@@ -16,7 +16,14 @@ from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
 from kimi_vl.training import checkpoint as ckpt
 from kimi_vl.training.config import resolve
 from kimi_vl.training.plots import plot_metrics
-from kimi_vl.training.trainer import TrainConfig, Trainer, read_metrics, unigram_entropy, wsd_lr
+from kimi_vl.training.trainer import (
+    LanguageModelStep,
+    TrainConfig,
+    Trainer,
+    read_metrics,
+    unigram_entropy,
+    wsd_lr,
+)
 
 V = 40
 
@@ -181,6 +188,21 @@ def test_a_run_resumed_at_its_end_returns_its_last_step(tmp_path):
     assert Trainer(tiny_lm(), CountingData(), cfg(steps=3), tmp_path).train() == last
     assert len(read_metrics(tmp_path / "metrics.jsonl")) == 3
 
+
+
+def test_a_metrics_line_cut_short_by_a_crash_does_not_block_the_resume(tmp_path):
+    """A crash while a metrics line is written (a full disk, a power cut) leaves it torn: the resume drops it with
+    the other steps after its checkpoint, instead of failing on it with a JSONDecodeError."""
+    Trainer(tiny_lm(), CountingData(), cfg(steps=4), tmp_path / "full").train()
+    cut = tmp_path / "cut"
+    with pytest.raises(KeyboardInterrupt):  # killed in step 3, after the step-2 checkpoint
+        Trainer(tiny_lm(), CountingData(fail_at=2), cfg(steps=4, checkpoint_every=1), cut).train()
+    with open(cut / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "loss": 3.1')
+    Trainer(tiny_lm(), CountingData(), cfg(steps=4), cut).train()
+    got, want = read_metrics(cut / "metrics.jsonl"), read_metrics(tmp_path / "full" / "metrics.jsonl")
+    assert [(m["step"], m["loss"]) for m in got] == [(m["step"], m["loss"]) for m in want]
+    assert sorted(p.name for p in cut.iterdir() if p.is_file()) == ["metrics.jsonl"]
 
 class FailingData(CountingData):
     def batch(self, index: int) -> Batch:
@@ -516,6 +538,21 @@ def test_a_time_limit_ends_the_run_with_a_checkpoint(tmp_path):
     got, want = read_metrics(cut / "metrics.jsonl"), read_metrics(tmp_path / "full" / "metrics.jsonl")
     assert [(m["step"], m["loss"]) for m in got] == [(m["step"], m["loss"]) for m in want]
 
+
+
+class TwoStepBatches(LanguageModelStep):
+    """Checkpoints only after every second step, as RL with two updates per rollout batch."""
+
+    def can_checkpoint(self, step: int) -> bool:
+        return step % 2 == 0
+
+
+def test_a_checkpoint_due_inside_a_rollout_batch_is_written_at_its_end(tmp_path):
+    """checkpoint_every 3 with checkpoints possible after even steps only: the one due after step 3 is written after
+    step 4 (the batch's end), not dropped until step 6 (a common multiple)."""
+    Trainer(tiny_lm(), TwoStepBatches(CountingData()), cfg(steps=8, checkpoint_every=3, keep_checkpoints=5),
+            tmp_path).train()
+    assert [ckpt.checkpoint_step(p) for p in ckpt.list_checkpoints(tmp_path / "state")] == [4, 6, 8]
 
 def test_fsdp_asked_of_accelerate_on_cpus_is_not_silently_ddp(tmp_path, monkeypatch):
     """`accelerate launch --use_fsdp` sets ACCELERATE_USE_FSDP, which accelerate ignores on CPUs (it trains with DDP,
