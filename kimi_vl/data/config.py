@@ -194,11 +194,12 @@ def data_fingerprint(mixture: Mixture | None, seed: int, *, screencasts: bool = 
             **({"screencast_font": screencast_font()} if screencasts else {})}
 
 
-def rl_prompts(cfg: DataConfig, seed: int) -> PromptStream | None:
-    """Users' RL prompts (`PromptStream`), or None for the embedded world tasks."""
+def rl_prompts(cfg: DataConfig, seed: int, processor: Any = None) -> PromptStream | None:
+    """Users' RL prompts (`PromptStream`; with the rollouts' `processor`, a prompt it cannot encode is a bad record),
+    or None for the embedded world tasks."""
     if not cfg.sources:
         return None
-    return PromptStream(cfg.mixture(cfg.sources, seed, ("prompt",)), cfg.prompts_per_step)
+    return PromptStream(cfg.mixture(cfg.sources, seed, ("prompt",)), cfg.prompts_per_step, processor)
 
 
 __all__ = ["VAL_SEED_OFFSET", "DataConfig", "data_fingerprint", "pretrain_data", "rl_prompts", "sft_data"]

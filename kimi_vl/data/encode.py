@@ -21,8 +21,9 @@ header) and returns `(ids [L], media)`; `left_pad` stacks several into a left-pa
 
 Media values (in chat parts, `Media` segments and prompts) are decoded images (PIL or uint8 arrays), videos as
 frame sequences (`[T, H, W, 3]` arrays, lists of frames, or objects with `frames` and `fps` such as a
-`Screencast`), or, for videos only, local file paths (read with decord by the video processor). Frames without a
-rate are taken as sampled at the video processor's `fps` (their chunk timestamps follow from it).
+`Screencast`, or `VideoFrames` sampled by `load_video`, timed by their source frames), or, for videos only, local file
+paths (read with decord by the video processor). Frames without a rate are taken as sampled at the video processor's
+`fps` (their chunk timestamps follow from it).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ import torch
 from ..errors import ConfigError, InvalidMediaError, ShapeError
 from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
 from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE, MEDIA_END, MEDIA_START
+from ..vision.media import VideoFrames
+from ..vision.video_processing import TimedVideoMetadata, clip_metadata
 from .world import Sample, sample_text
 
 IGNORE_INDEX = -100
@@ -127,12 +130,17 @@ def end_token_ids(tokenizer: Any) -> list[int]:
 
 # -------------------------------------------------------------------------------------------------------------- media
 def video_inputs(videos: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
-    """Processor inputs for `videos`: decoded frames `[T, H, W, 3]` with `video_metadata` (exact timestamps) for
-    frame sequences and objects with `frames` (and `fps`), paths as they are (all videos must then be paths)."""
+    """Processor inputs for `videos`: decoded frames `[T, H, W, 3]` with `video_metadata` (exact timestamps; a
+    `VideoFrames` clip's from its source indices and times, `clip_metadata`) for frame sequences and objects with
+    `frames` (and `fps`), paths as they are (all videos must then be paths)."""
     if all(isinstance(v, (str, bytes)) or hasattr(v, "__fspath__") for v in videos):
         return list(videos), {}
     arrays, metadata = [], []
     for v in videos:
+        if isinstance(v, VideoFrames):
+            arrays.append(v.frames)
+            metadata.append(clip_metadata(v))
+            continue
         if hasattr(v, "frames"):
             frames, fps = v.frames, getattr(v, "fps", None)
         elif isinstance(v, (list, tuple, np.ndarray, torch.Tensor)):
@@ -143,10 +151,7 @@ def video_inputs(videos: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
         array = np.stack([np.asarray(f.convert("RGB") if hasattr(f, "convert") else f, dtype=np.uint8)
                           for f in frames])
         arrays.append(array)
-        meta = {"total_num_frames": int(array.shape[0])}
-        if fps:
-            meta["fps"] = float(fps)
-        metadata.append(meta)
+        metadata.append(TimedVideoMetadata(total_num_frames=int(array.shape[0]), fps=float(fps) if fps else None))
     return arrays, {"video_metadata": metadata, "do_sample_frames": False}
 
 
@@ -161,7 +166,8 @@ def process(processor: Any, text: str, images: Sequence[Any] = (), videos: Seque
         frames, video_kwargs = video_inputs(videos)
         fps = getattr(getattr(processor, "video_processor", None), "fps", None)
         for meta in video_kwargs.get("video_metadata", []):  # frames without a rate: sampled at the processor's
-            meta.setdefault("fps", fps)
+            if meta.fps is None:
+                meta.fps = fps
         kwargs = {**video_kwargs, **kwargs}
     else:
         frames = None
@@ -335,6 +341,7 @@ class Prompt:
         task: what kind of prompt it is, for per-task metrics (a world task, or a user row's `data_source`).
         choices: option texts of a multiple-choice prompt, else None.
         meta: reward details, e.g. {"precision": 1} for numbers, {"boxes": ...} for grounding.
+        source: name of the data source it was drawn from ("" for prompts not drawn from a named source).
     """
 
     messages: list[dict[str, Any]]
@@ -343,6 +350,7 @@ class Prompt:
     task: str = "prompt"
     choices: list[str] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
+    source: str = ""
 
 
 def as_prompt(item: Any) -> Prompt:

@@ -448,7 +448,9 @@ def detect_format(row: Any) -> Format:
 
 # ------------------------------------------------------------------------------------------------------------ rewards
 _BOXES = re.compile(r"^\s*\[\s*\[.*\]\s*\]\s*$", re.S)
-_NUMBER = re.compile(r"^\s*[-+]?(\d+(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$")
+_NUMBER = re.compile(r"^\s*[-+]?((\d{1,3}(,\d{3})+|\d+)(\.\d*)?|\.\d+)([eE][-+]?\d+)?\s*$")
+"""One number, commas only as thousands separators (`1,234`; `3,5` or `2,3` is no number: a decimal comma or a
+list)."""
 
 
 def default_reward(record: Record) -> str:
@@ -461,7 +463,7 @@ def default_reward(record: Record) -> str:
         return "choice"
     if _BOXES.match(answer):
         return "grounding"
-    if _NUMBER.match(answer.replace(",", "")):
+    if _NUMBER.match(answer):
         return "number"
     if answer.startswith("<") and "</" in answer:
         return "html"
@@ -471,11 +473,18 @@ def default_reward(record: Record) -> str:
 
 
 def with_reward(record: Record, reward: str | None) -> Record:
-    """A prompt record with its reward kind (`reward`, else `default_reward`); grounding boxes go to `meta`."""
+    """A prompt record with its reward kind (`reward`, else `default_reward`); grounding boxes go to `meta`. An
+    answer holding a `\\boxed{...}` (a worked solution, as MATH gives it) is the content of its last box, as a reply's
+    answer is read (an empty box is no answer)."""
     if reward is not None and reward not in REWARD_CHOICES:
         raise ConfigError(f"unknown reward {reward!r}; choose one of {', '.join(REWARD_CHOICES)}.")
-    from ..training.rewards import true_boxes, true_number  # not at the top: kimi_vl.training imports kimi_vl.data
+    # not at the top: kimi_vl.training imports kimi_vl.data
+    from ..training.rewards import last_boxed, true_boxes, true_number
 
+    if (boxed := last_boxed(record.answer)) is not None:
+        if not boxed:
+            raise _bad(f"the answer {_short(record.answer)!r} boxes nothing; put the ground truth in the box")
+        record = replace(record, answer=boxed)
     kind = reward or default_reward(record)
     answer = record.answer
     fix = "fix the answer, or " + ("pick another --reward" if reward else "pass --reward exact to compare it as text")

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import BadRecordError, ConfigError, DataError
-from .encode import Document, Prompt, encode_chat, encode_document
+from .encode import Document, Prompt, encode_chat, encode_document, encode_prompt
 from .formats import Format, Record, error_reason, get_format, parse_record
 from .pack import BatchDraws, PackedStream, media_units, packing_ids
 from .sources import Source
@@ -426,21 +426,31 @@ def mixture_stream(mixture: Mixture, processor: Any, *, seq_len: int, rows: int,
 # ---------------------------------------------------------------------------------------------------------- prompts
 class PromptStream:
     """RL prompts from a mixture: step `i` draws `per_step` prompts (media read), a pure function of `(seed, i)`.
+    With the `processor` the rollouts encode them with, each drawn prompt is encoded once to check it, so that media
+    only the processor reads (a video file that does not decode) make a bad record, replaced by the source's next
+    record, rather than stop the run at its rollout.
 
     `prompts(step)` returns `(prompts, bad_records)`."""
 
-    def __init__(self, mixture: Mixture, per_step: int) -> None:
+    def __init__(self, mixture: Mixture, per_step: int, processor: Any = None) -> None:
         if per_step < 1:
             raise ConfigError(f"prompts per step must be >= 1, got {per_step}.")
-        self.mixture, self.per_step = mixture, per_step
+        self.mixture, self.per_step, self.processor = mixture, per_step, processor
         self.group = mixture.group(mixture.sources)
         mixture.rates = {s.name: per_step * p for s, p in zip(self.group.sources, self.group.probabilities)}
+
+    def _prompt(self, record: Record) -> Prompt:
+        prompt = record.loaded()
+        if self.processor is not None:
+            encode_prompt(prompt, self.processor)
+        return prompt
 
     def prompts(self, step: int) -> tuple[list[Prompt], list[dict[str, Any]]]:
         draws = BatchDraws(int(step), random.Random(f"prompts:{self.mixture.seed}:{int(step)}"))
         out = []
         for _ in range(self.per_step):
-            prompt, _ = self.mixture.draw(draws, self.group, lambda r: r.loaded())
+            prompt, source = self.mixture.draw(draws, self.group, self._prompt)
+            prompt.source = source.name
             out.append(prompt)
         return out, draws.bad_records
 

@@ -231,7 +231,11 @@ def true_boxes(answer: str) -> list[list[float]]:
 
 
 def extract_boxes(response: str) -> list[list[float]]:
-    """Predicted boxes: those after the last "answer is" when there are any there, else every box in the response."""
+    """Predicted boxes: those in the last `\\boxed{...}` when it holds any, else those after the last "answer is"
+    when there are any there, else every box in the response."""
+    boxed = last_boxed(response)
+    if boxed and (boxes := parse_boxes(boxed)):
+        return boxes
     tail = _after_last_answer_is(response)
     if tail is not None:
         boxes = parse_boxes(tail)

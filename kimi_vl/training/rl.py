@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,14 +50,15 @@ class RLConfig:
             k3 KL to a reference policy, per-sequence token mean).
         k: responses sampled per prompt (group size).
         alpha, beta: K2.5 keeps the policy gradient of tokens whose log-ratio `log pi_theta - log pi_old` lies in
-            `[alpha, beta]` (inclusive) and zeroes it outside, whatever the advantage's sign. The report leaves the
-            values open; the defaults keep ratios in about [0.61, 1.65].
+            `[alpha, beta]` (inclusive) and zeroes it outside, whatever the advantage's sign; `alpha <= 0 <= beta`
+            (ratio 1 is kept). The report leaves the values open; the defaults keep ratios in about [0.61, 1.65].
         tau: weight of the `tau * (log-ratio)^2` penalty (K2.5).
         penalty_on_masked: apply the penalty also on tokens outside `[alpha, beta]` (K2.5's Eq. 1 as written: the
             clip acts on the ratio term only). False zeroes every gradient of those tokens.
         clip_eps: GRPO's PPO clip range `[1 - eps, 1 + eps]`.
-        kl_coef: GRPO's coefficient of the k3 KL to a reference model: > 0 needs one (`rl_iteration(ref_model=...)`,
-            `RLStep(ref_model=...)`; the RL stage, `kimi-vl train rl`, loads its `--from` checkpoint as one, frozen).
+        kl_coef: GRPO's coefficient of the k3 KL to a reference model (0 with "k25"): > 0 needs one
+            (`rl_iteration(ref_model=...)`, `RLStep(ref_model=...)`; the RL stage, `kimi-vl train rl`, loads its
+            `--from` checkpoint as one, frozen).
         temperature, top_p: sampling settings (log-probs are of `softmax(logits / temperature)`).
         max_new_tokens: longest response.
         token_budget: reward budget in generated tokens (`kimi_vl.training.rewards.token_budget`); None = off.
@@ -95,9 +96,19 @@ class RLConfig:
                 raise ConfigError(f"{name}={getattr(self, name)} must be a finite number.")
         if not self.alpha < self.beta:
             raise ConfigError(f"alpha={self.alpha} must be below beta={self.beta} (bounds of the kept log-ratios).")
+        if not self.alpha <= 0 <= self.beta:
+            hint = (f"; for ratios pi_theta / pi_old in [{self.alpha:g}, {self.beta:g}] pass alpha="
+                    f"{math.log(self.alpha):.4g}, beta={math.log(self.beta):.4g}" if self.alpha > 0 else "")
+            raise ConfigError(f"alpha={self.alpha}, beta={self.beta} bound the log-ratio log(pi_theta / pi_old) and "
+                              "must include 0 (ratio 1: every token of a rollout batch's first update), or no token "
+                              f"gets a policy gradient{hint}.")
         if self.tau < 0 or self.kl_coef < 0 or self.clip_eps <= 0:
             raise ConfigError(f"tau={self.tau} and kl_coef={self.kl_coef} must be >= 0 and clip_eps={self.clip_eps} "
                               "> 0.")
+        if self.kl_coef > 0 and self.algorithm != "grpo":
+            raise ConfigError(f"kl_coef={self.kl_coef} is GRPO's KL to a reference model, which algorithm="
+                              f"{self.algorithm!r} has not (K2.5 regularises with tau * log-ratio^2, tau={self.tau}); "
+                              "pass algorithm='grpo' (--algorithm grpo) or leave kl_coef at 0.")
         if self.temperature <= 0 or not 0 < self.top_p <= 1:
             raise ConfigError(f"temperature={self.temperature} must be > 0 and top_p={self.top_p} in (0, 1]; RL "
                               "samples, so greedy decoding is not an option.")
@@ -114,11 +125,14 @@ def group_advantages(rewards: torch.Tensor, normalise_std: bool = False, eps: fl
 
     K2.5 (`normalise_std=False`): `A = r - mean_K(r)`. GRPO (`normalise_std=True`):
     `A = (r - mean_K(r)) / (std_K(r) + eps)` with the unbiased std (0 for K = 1, whose advantage is then 0).
+    A group whose K rewards are all equal gets exactly 0 (the float32 mean of K equal values can be off by an ulp,
+    which GRPO's division by `std + eps` would blow up to an advantage of about 0.1).
     """
     if rewards.ndim != 2:
         raise ShapeError(f"rewards must be [prompts, k], got shape {tuple(rewards.shape)}; reshape with .view(P, k).")
     rewards = rewards.float()
-    centred = rewards - rewards.mean(dim=1, keepdim=True)
+    constant = rewards.amax(dim=1, keepdim=True) == rewards.amin(dim=1, keepdim=True)
+    centred = (rewards - rewards.mean(dim=1, keepdim=True)).masked_fill(constant, 0.0)
     if not normalise_std:
         return centred
     std = rewards.std(dim=1, keepdim=True) if rewards.shape[1] > 1 else torch.zeros_like(centred[:, :1])
@@ -447,7 +461,9 @@ PromptSource = Callable[[int], tuple[list[Any], list[dict[str, Any]]]]
 
 class RLStep:
     """RL as the `Trainer`'s step: every `cfg.updates_per_batch` optimizer steps a rollout batch, and each optimizer
-    step one update on it (`rl_backward`). Optimizer step `s` belongs to rollout batch `s // updates_per_batch`.
+    step one update on it (`rl_backward`). Optimizer step `s` belongs to rollout batch `s // updates_per_batch`; the
+    first step of a batch reports its bad records and, for prompts with a `source` (users' data), `documents`: the
+    prompts drawn per source.
 
     Rollout batch `b` takes the global prompts `prompts(b)`; with `W` data-parallel processes, rank `r` takes the
     `r`-th contiguous share of them and generates their `cfg.k` responses (`rollout` with the prompts' global
@@ -484,8 +500,9 @@ class RLStep:
         cfg, acc = self.cfg, trainer.accelerator
         first = trainer.step % cfg.updates_per_batch == 0 or self.batch is None
         bad: list[dict[str, Any]] = []
+        documents: dict[str, int] = {}
         if first:
-            bad = self._roll(trainer, trainer.step // cfg.updates_per_batch)
+            bad, documents = self._roll(trainer, trainer.step // cfg.updates_per_batch)
         totals = rl_backward(trainer.model, self.batch, cfg, with_entropy=first,
                              no_sync=lambda: acc.no_sync(trainer.model), autocast=acc.autocast,
                              backward=acc.backward)
@@ -495,12 +512,14 @@ class RLStep:
             torch.distributed.all_reduce(stats)
         totals = dict(zip(keys, stats.tolist()))
         return {"loss": totals["loss"] / acc.num_processes, "tokens": int(totals["tokens"]), **self.metrics,
-                **_update_metrics(totals), "bad_records": bad}
+                **_update_metrics(totals), "bad_records": bad, **({"documents": documents} if documents else {})}
 
-    def _roll(self, trainer: Any, index: int) -> list[dict[str, Any]]:
-        """Rollout batch `index`: this rank's share of its prompts, their responses, rewards and loss weights."""
+    def _roll(self, trainer: Any, index: int) -> tuple[list[dict[str, Any]], dict[str, int]]:
+        """Rollout batch `index`: this rank's share of its prompts, their responses, rewards and loss weights.
+        Returns the batch's bad records and its prompts per source."""
         cfg, acc = self.cfg, trainer.accelerator
         prompts, bad = self.prompts(index)
+        documents = dict(Counter(source for p in prompts if (source := getattr(p, "source", ""))))
         world, rank = acc.num_processes, acc.process_index
         if len(prompts) % world:
             raise ConfigError(f"{len(prompts)} prompts per step do not split over {world} processes; make the prompts "
@@ -526,7 +545,7 @@ class RLStep:
         self.metrics = {"rollout": index, **rollout_metrics(
             torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts]),
             torch.cat([p[3] for p in parts]), [t for p in parts for t in p[4]])}
-        return bad
+        return bad, documents
 
 
 __all__ = [

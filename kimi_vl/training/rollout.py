@@ -31,6 +31,7 @@ from transformers import LogitsProcessor, TopPLogitsWarper
 from ..data.encode import MEDIA_KEYS, encode_prompt, end_token_ids, left_pad, tokenizer_of
 from ..errors import ConfigError, ShapeError
 from ..tokenization.special_tokens import MEDIA_PAD, VIDEO_PLACEHOLDER
+from ..vision.media import short_source
 from . import rewards as _rewards
 
 
@@ -88,6 +89,19 @@ def token_logprobs(
         entropy = lse.detach() - (probs * logits.detach().nan_to_num(neginf=0.0)).sum(-1)
         entropy = torch.where(keep, entropy, torch.zeros_like(entropy))
     return logp, entropy
+
+
+def _reward_value(value: Any, row: int, group_size: int) -> float:
+    """A reward function's result for response `row` as a float; `ConfigError` unless it is a finite real number."""
+    try:
+        number = None if isinstance(value, (str, bytes)) else float(value)
+    except (TypeError, ValueError, RuntimeError):  # None, a list, a tensor of several values
+        number = None
+    if number is None or not math.isfinite(number):
+        raise ConfigError(f"the reward function returned {short_source(repr(value))} for response {row % group_size} "
+                          f"of prompt {row // group_size}; return one finite number per response "
+                          "(reward_fn(sample, text, num_tokens=...) -> float).")
+    return number
 
 
 # ----------------------------------------------------------------------------------------------------------- rollouts
@@ -180,7 +194,8 @@ class Rollouts:
                 soft_budget: bool = False) -> torch.Tensor:
         """Rewards `[P, K]`: `reward_fn(sample, text, num_tokens=...)` per response (default
         `kimi_vl.training.rewards.reward`), through `kimi_vl.training.rewards.token_budget` when `token_budget` is
-        set (for a `reward_fn` of your own too)."""
+        set (for a `reward_fn` of your own too). A `reward_fn` must return a finite real number (a float, int, bool
+        or one-element tensor): anything else (None, NaN, a string, a list) raises `ConfigError` naming the row."""
         lengths = self.lengths.tolist()
         values = []
         for n, (sample, text) in enumerate(zip(self.row_samples(), self.texts)):
@@ -188,7 +203,7 @@ class Rollouts:
                 kw = {} if token_budget is None else {"max_tokens": token_budget, "num_tokens": lengths[n]}
                 values.append(_rewards.reward(sample, text, soft_budget=soft_budget, **kw))
             else:
-                value = float(reward_fn(sample, text, num_tokens=lengths[n]))
+                value = _reward_value(reward_fn(sample, text, num_tokens=lengths[n]), n, self.group_size)
                 if token_budget is not None:
                     value = _rewards.token_budget(value, lengths[n], token_budget, soft=soft_budget)
                 values.append(value)

@@ -430,14 +430,15 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     data = cfg.data
-    prompts = rl_prompts(data, cfg.seed)
-    if prompts is None:
+    if not data.sources:
         family_tasks(data.families)  # known families
+    model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
+    _check_origin(out_dir, from_dir)
+    prompts = rl_prompts(data, cfg.seed, processor)
+    if prompts is None:
         source = lambda index: (world_prompts(data.families, data.prompts_per_family, cfg.seed, index), [])  # noqa: E731
     else:
         source = prompts.prompts
-    model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
-    _check_origin(out_dir, from_dir)
     ref_model = None
     if cfg.rl.algorithm == "grpo" and cfg.rl.kl_coef > 0:  # GRPO's KL is to the starting checkpoint, held fixed
         ref_model = load_checkpoint_dir(from_dir, cfg.train.progress)[0].eval().requires_grad_(False)

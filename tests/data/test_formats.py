@@ -17,6 +17,7 @@ from kimi_vl.data.formats import (
     parse_record,
 )
 from kimi_vl.errors import BadRecordError, ConfigError, InvalidMediaError
+from kimi_vl.training.rewards import reward
 from tests.data.userdata import image, png_bytes
 
 
@@ -235,6 +236,29 @@ def test_rl_answers_that_can_be_scored():
     assert parse({"problem": "Q", "answer": "1e400"}, reward="exact").answer == "1e400"
     boxes = parse({"problem": "Where?", "answer": "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"})
     assert boxes.reward == "grounding" and boxes.answer == "[[1, 2, 3, 4], [5.5, 6, 7, 8]]"
+
+
+def test_commas_make_a_number_answer_only_as_thousands_separators():
+    """`3,5` (a decimal comma) or `2,3` (two roots) was taken for a number whose true value is its first one: the
+    reply `\\boxed{3}` scored 1 and the exact `\\boxed{3,5}` 0. They are compared as text now."""
+    for truth in ("3,5", "2,3", "-1,3", "1,00", "1,2345"):
+        record = parse({"problem": "Q", "answer": truth})
+        assert record.reward == "exact"
+        assert reward(record, rf"\boxed{{{truth}}}") == 1.0 and reward(record, r"\boxed{3}") == 0.0
+    for truth in ("1,234", "-12,345.5", "1,000,000"):
+        assert parse({"problem": "Q", "answer": truth}).reward == "number"
+
+
+def test_boxed_ground_truths_are_read_as_their_box():
+    """A ground truth written as a worked solution ending in `\\boxed{...}` was compared whole: every reply scored 0
+    (silently: `data check` found the rows good)."""
+    for truth, kind, answer in ((r"\boxed{12}", "number", "12"), (r"x = 3 + 9, so \boxed{12}.", "number", "12"),
+                                (r"\boxed{\dfrac{1}{2}}", "exact", r"\dfrac{1}{2}"), (r"\boxed{(B)}", "choice", "B")):
+        record = parse({"problem": "Q", "answer": truth})
+        assert (record.reward, record.answer) == (kind, answer)
+    assert reward(parse({"problem": "Q", "answer": r"so \boxed{\frac12}"}), r"The answer is \boxed{0.5}") == 1.0
+    with pytest.raises(BadRecordError, match="boxes nothing"):
+        parse({"problem": "Q", "answer": r"\boxed{}"})
 
 
 def test_grounding_answers_given_as_json_lists_of_boxes():

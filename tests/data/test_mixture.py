@@ -270,3 +270,17 @@ def test_data_without_any_loss_token_is_an_error(proc, tmp_path, monkeypatch):
     monkeypatch.setattr(mixture_module, "encode_chat", no_loss)
     with pytest.raises(DataError, match=r"no token of 4 batches of .*chats\.jsonl carries a loss"):
         mixture_stream(mixture(src, kinds=("chat",)), proc, seq_len=SEQ, rows=ROWS, seed=0)
+
+
+def test_rl_prompts_whose_video_does_not_decode_are_bad_records(tmp_path, proc):
+    """A video file is decoded only by the processor: the rollout's encoding of such a prompt stopped `kimi-vl train
+    rl` ("cannot be decoded") where `data check` and the README call it a bad record, skipped and replaced."""
+    (tmp_path / "bad.mp4").write_bytes(bytes(range(256)) * 20)
+    rows = [{"problem": "<video>What color is it?", "answer": "red", "videos": ["bad.mp4"]},
+            *({"problem": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3))]
+    path = tmp_path / "rl.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    stream = PromptStream(mixture(str(path), kinds=("prompt",)), per_step=4, processor=proc)
+    prompts, bad = stream.prompts(0)
+    assert len(prompts) == 4 and all(p.answer != "red" for p in prompts)
+    assert [(r["row"], "cannot be decoded" in r["reason"]) for r in bad] == [(1, True)]

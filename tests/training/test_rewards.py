@@ -321,3 +321,13 @@ def test_boxed_choice_wins_and_letters_past_j():
     assert reward(Stub("choice", "A"), r"\boxed{B}") == 0.0
     assert reward(Stub("choice", "K"), r"\boxed{K}") == 1.0 and reward(Stub("choice", "K"), "The answer is (K).") == 1.0
     assert extract_choice(r"\boxed{Because}") is None
+
+
+def test_boxed_boxes_win_for_grounding():
+    """A boxed answer wins for grounding too: the boxes written before it (or after a later "answer is") are not
+    the prediction (they were: soft F1 2/3 and 0.12 below, for the right box boxed)."""
+    truth = "[[1, 2, 10, 12]]"
+    first_thought = r"At first I thought [0, 0, 5, 5], but it is \boxed{[[1, 2, 10, 12]]}"
+    assert reward(Stub("grounding", truth), first_thought) == 1.0
+    assert reward(Stub("grounding", truth), r"\boxed{[1, 2, 10, 12]} The answer is [[0, 0, 5, 5]].") == 1.0
+    assert extract_boxes(r"\boxed{none} The answer is [[0, 0, 5, 5]].") == [[0.0, 0.0, 5.0, 5.0]]  # no box boxed

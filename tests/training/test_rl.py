@@ -67,6 +67,14 @@ def test_group_advantages_hand_computed():
         group_advantages(torch.ones(4))
 
 
+def test_groups_of_equal_rewards_get_exactly_zero_advantage():
+    # 8 equal rewards of 0.7 (an OCR or count score): their float32 mean is one ulp off 0.7, which GRPO's division by
+    # std + eps turned into an advantage of 0.056 for every response of the group
+    r = torch.stack([torch.full((8,), v) for v in (0.7, 0.1, 1 / 3, 0.9)])
+    assert torch.equal(group_advantages(r), torch.zeros(4, 8))
+    assert torch.equal(group_advantages(r, normalise_std=True), torch.zeros(4, 8))
+
+
 def test_group_token_weights_hand_computed():
     # two groups of two: group 0 has 3 + 1 = 4 tokens, group 1 has 2 + 2 = 4... make them differ: 2 + 0 = 2
     mask = torch.tensor([[1, 1, 1], [1, 0, 0], [1, 1, 0], [0, 0, 0]], dtype=torch.float)
@@ -221,6 +229,18 @@ def test_rl_config_validation():
         RLConfig(algorithm="ppo")
     with pytest.raises(ConfigError, match="alpha"):
         RLConfig(alpha=0.5, beta=0.1)
+    # K2.5's Eq. 1 writes Clip(ratio, alpha, beta): alpha=0.8, beta=1.2 taken as log-ratio bounds masked every token
+    # of the first update (ratio 1), so the run trained on nothing but the penalty
+    with pytest.raises(ConfigError, match=r"must include 0 .* ratios pi_theta / pi_old in \[0.8, 1.2\] pass "
+                                          r"alpha=-0.2231, beta=0.1823"):
+        RLConfig(alpha=0.8, beta=1.2)
+    with pytest.raises(ConfigError, match="must include 0"):
+        RLConfig(alpha=-0.5, beta=-0.1)
+    RLConfig(alpha=0.0, beta=0.1), RLConfig(alpha=-0.1, beta=0.0)  # bounds are inclusive: 0 itself is kept
+    # TRL's habit (beta=0.04) without --algorithm grpo: K2.5 has no KL term, so the coefficient was silently ignored
+    with pytest.raises(ConfigError, match=r"kl_coef=0.04 is GRPO's KL .* pass algorithm='grpo'"):
+        RLConfig(kl_coef=0.04)
+    RLConfig(algorithm="grpo", kl_coef=0.04)
     with pytest.raises(ConfigError, match="greedy"):
         RLConfig(temperature=0)
     for name, value in (("tau", float("nan")), ("kl_coef", float("nan")), ("clip_eps", float("nan")),
@@ -467,6 +487,21 @@ def test_rewards_use_the_token_budget():
     # `RLConfig.token_budget` (what `rl_iteration` passes here) holds for a reward function of your own too
     budgeted = ro.rewards(lambda sample, text, num_tokens: 1.0, token_budget=3)
     assert torch.equal(budgeted, torch.tensor([[1.0] * 4, [0.0] * 4]))
+
+
+@pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), "1", [1.0], torch.ones(2)])
+def test_a_reward_function_returning_no_finite_number_is_refused(bad):
+    samples = _prompts(2)
+    ro = Rollouts(samples=samples, group_size=4, prompts=[torch.tensor([1, 2])] * 2, media=[{}, {}],
+                  response_ids=torch.zeros(8, 6, dtype=torch.long), response_mask=torch.ones(8, 6),
+                  old_logp=torch.zeros(8, 6), texts=[str(n) for n in range(8)],
+                  truncated=torch.zeros(8, dtype=torch.bool), pad_token_id=2)
+    # NaN or inf went into the advantages (a NaN loss; NaN weights in a loop of your own), None, a list or a tensor
+    # of several values stopped with a bare TypeError, a string was read as its number
+    with pytest.raises(ConfigError, match="response 1 of prompt 1; return one finite number"):
+        ro.rewards(lambda sample, text, num_tokens: bad if text == "5" else 1.0)
+    for good in (torch.tensor(0.5), np.float64(0.5), True, 1):
+        assert torch.equal(ro.rewards(lambda sample, text, num_tokens, good=good: good), torch.full((2, 4), float(good)))
 
 
 # ------------------------------------------------------------------------------------------------------- RL learns

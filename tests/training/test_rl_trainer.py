@@ -148,3 +148,17 @@ def test_grpo_kl_is_to_the_from_checkpoint(checkpoint, tmp_path):
     assert runs[0.01][0] == pytest.approx(runs[0.0][0], abs=1e-7) and runs[0.01][1] > runs[0.0][1]
     with pytest.raises(ConfigError, match="needs a reference model"):
         RLStep(lambda i: ([], []), None, RLConfig(algorithm="grpo", kl_coef=0.01), seed=0)
+
+
+def test_rl_on_users_rows_logs_the_prompts_drawn_per_source(checkpoint, tmp_path):
+    """metrics.jsonl's `documents` (drawn per source, next to `bad_records`) was missing from RL steps: a mixture of
+    RL sources could not be checked. Each rollout batch logs them on its first update."""
+    for name, n in (("a", 5), ("b", 3)):
+        (tmp_path / f"{name}.jsonl").write_text("".join(
+            json.dumps({"problem": f"What is {i} + {i}?", "answer": str(2 * i)}) + "\n" for i in range(n)))
+    out = rl(checkpoint, tmp_path / "rl", sources=[str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")], steps=4,
+             k=2, prompts_per_step=4, max_new_tokens=2, updates_per_batch=2, progress=False)
+    drawn = [m.get("documents") for m in read_metrics(out / "metrics.jsonl")]
+    assert drawn[1] is None and drawn[3] is None  # the second update of a rollout batch draws nothing
+    assert all(sum(d.values()) == 4 and set(d) <= {str(tmp_path / "a.jsonl"), str(tmp_path / "b.jsonl")}
+               for d in (drawn[0], drawn[2]))
