@@ -4,6 +4,7 @@ post-processing."""
 import base64
 import random
 import re
+from fractions import Fraction
 from pathlib import Path
 
 import av
@@ -20,6 +21,9 @@ from kimi_vl.processing import KimiVLProcessor
 from kimi_vl.tokenization import CHAT_TEMPLATE, IM_END, MEDIA_PAD, VIDEO_PLACEHOLDER, build_tokenizer
 from kimi_vl.tokenization.chat_template import IMAGE_PROMPT
 from kimi_vl.vision import MoonViTImageProcessor, MoonViTVideoProcessor
+from kimi_vl.vision.video_processing import TimedVideoMetadata
+from tests.vision import test_media
+from tests.vision.test_media import write_vfr_video
 
 WORDS = "the a cat dog sees red blue green square circle how many is what describe video image".split()
 MEDIA_KEYS = {"pixel_values", "image_grid_thw", "pixel_values_videos", "video_grid_thw"}
@@ -201,6 +205,54 @@ def test_decoded_frames_video(proc, tok):
     out = proc(text=VIDEO_PLACEHOLDER, videos=[frames], do_sample_frames=False)
     stamps = [ts for ts, _ in CHUNK_RE.findall(tok.decode(out["input_ids"][0]))]
     assert stamps == ["00:00:00.000", "00:00:00.166"]
+
+
+def test_variable_frame_rate_chunk_timestamps(proc, tok, tmp_path):
+    """A screen recording with variable frame timing: chunks are stamped with the times their first frames were
+    sampled at (12 samples over 7.041 s, one every 0.587 s: chunks of 4 start at 0, 2.347 and 4.694 s; a frame on
+    screen across several samples is stamped with each one's time), not `index / average fps`, by the processor and
+    through the chat template."""
+    path = write_vfr_video(tmp_path / "screen.mkv")  # 7.041 s, frames at VFR_PTS_MS; 2 fps -> 12 samples
+    out = proc(text=VIDEO_PLACEHOLDER, videos=[path], fps=2, return_metadata=True)
+    stamps = [ts for ts, _ in CHUNK_RE.findall(tok.decode(out["input_ids"][0]))]
+    assert stamps == ["00:00:00.000", "00:00:02.346", "00:00:04.693"]  # milliseconds truncated
+    meta = out["video_metadata"][0]
+    assert meta.frames_indices == [0, 4, 5, 5, 5, 5, 9, 9, 9, 9, 9, 10]
+    np.testing.assert_allclose(meta.timestamps, np.arange(12) * meta.duration / 12)
+    assert meta.timestamps == meta.frames_timestamps
+    assert meta.duration == pytest.approx(7.041, abs=1e-3)
+    messages = _user({"type": "video", "path": str(path)}, {"type": "text", "text": "Code it."})
+    chat = proc.apply_chat_template(messages, tokenize=True, return_dict=True, processor_kwargs={"fps": 2})
+    assert [ts for ts, _ in CHUNK_RE.findall(tok.decode(chat["input_ids"][0]))] == stamps
+
+
+@pytest.mark.parametrize(
+    "settings, stamps",
+    [
+        ({"do_sample_frames": False}, ["00:00:00.000", "00:00:00.320", "00:00:00.640", "00:00:00.960",
+                                       "00:00:01.280", "00:00:01.600", "00:00:01.920"]),
+        ({"fps": 3}, ["00:00:00.000", "00:00:01.280"]),
+        ({"fps": 7.5}, ["00:00:00.000", "00:00:00.480", "00:00:01.040", "00:00:01.600"]),
+        ({"num_frames": 5}, ["00:00:00.000", "00:00:01.600"]),
+    ],
+)
+def test_constant_rate_chunk_timestamps_are_pinned(proc, tok, tmp_path, settings, stamps):
+    """Constant-rate files keep `index / fps` chunk timestamps (12.5 fps: decord's float32 start times fall just
+    below whole milliseconds, which would read 0.319, 0.639, ...)."""
+    path = test_media.write_video(tmp_path / "c.mp4", np.zeros((25, 48, 64, 3), np.uint8), fps=Fraction(25, 2))
+    out = proc(text=VIDEO_PLACEHOLDER, videos=[path], **settings)
+    assert [ts for ts, _ in CHUNK_RE.findall(tok.decode(out["input_ids"][0]))] == stamps
+
+
+def test_video_metadata_frame_times(proc, tok):
+    frames = np.stack([_noise(28, 28, seed=i) for i in range(6)])
+    meta = TimedVideoMetadata(total_num_frames=40, fps=24.0, frames_indices=[0, 2, 4, 6, 8, 10],
+                              frames_timestamps=[0.0, 0.5, 1.0, 1.5, 2.0, 12.5])
+    out = proc(text=VIDEO_PLACEHOLDER, videos=[frames], video_metadata=[meta], do_sample_frames=False)
+    assert [ts for ts, _ in CHUNK_RE.findall(tok.decode(out["input_ids"][0]))] == ["00:00:00.000", "00:00:02.000"]
+    meta.frames_timestamps = [0.0, 0.5]
+    with pytest.raises(InvalidMediaError, match="frames_timestamps holds 2 times for 6 processed frames"):
+        proc(text=VIDEO_PLACEHOLDER, videos=[frames], video_metadata=[meta], do_sample_frames=False)
 
 
 def test_format_timestamp():

@@ -37,7 +37,6 @@ import numpy as np
 import torch
 from PIL import Image
 from transformers import StoppingCriteriaList
-from transformers.video_utils import VideoMetadata
 
 from ..data.screencast import SECTIONS, PageSpec, page_html
 from ..data.world import SCREENCAST_QUESTION, make_sample, sample_rng
@@ -46,6 +45,7 @@ from ..eval.generation import StopOnStrings, eos_token_ids
 from ..eval.report import make_output_dir
 from ..options import positive_int
 from ..vision.media import VideoFrames, load_video
+from ..vision.video_processing import clip_metadata
 from .html_repair import repair_html
 
 if TYPE_CHECKING:
@@ -203,15 +203,10 @@ def build_prompt(processor: Any) -> str:
 
 
 def _model_inputs(processor: Any, clip: VideoFrames) -> dict[str, torch.Tensor]:
-    """Processor outputs for the prompt and the decoded frames (timestamps from the source frame indices)."""
-    t, h, w, _ = clip.frames.shape
-    meta = VideoMetadata(
-        total_num_frames=clip.total_frames, fps=clip.fps, height=h, width=w,
-        frames_indices=clip.indices.tolist(), video_backend="decord",
-    )
+    """Processor outputs for the prompt and the decoded frames (chunk timestamps from `clip_metadata`)."""
     inputs = processor(
-        text=[build_prompt(processor)], videos=[clip.frames], video_metadata=[meta], do_sample_frames=False,
-        return_tensors="pt",
+        text=[build_prompt(processor)], videos=[clip.frames], video_metadata=[clip_metadata(clip)],
+        do_sample_frames=False, return_tensors="pt",
     )
     keep = ("input_ids", "attention_mask", "pixel_values_videos", "video_grid_thw")
     return {k: inputs[k] for k in keep if k in inputs}

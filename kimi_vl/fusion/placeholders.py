@@ -10,9 +10,11 @@ the features over them):
   structure of transformers' `Kimi_K25Processor` (with Kimi-VL's `<|media_start|>` in place of its
   `<|media_begin|>`). Video tokens keep their own id, distinct from the image id, so the model scatters image and
   video features independently.
-Timestamps are `frame_index / fps` from the video metadata: exact for video files (decoded with decord) and for
-decoded frames passed with `video_metadata`. Decoded frames without metadata have no known times: the chunk
-timestamps then assume consecutive frames at `ASSUMED_FPS` (24, transformers' fallback) and a warning says so.
+Timestamps are the metadata's `frames_timestamps` when it has them (`kimi_vl.vision.video_processing.
+TimedVideoMetadata`: the sample times of a variable-frame-rate file, such as screen recorders
+write), else `frame_index / fps`: exact for constant-rate video files (decoded with decord) and for decoded frames
+passed with `video_metadata`. Decoded frames without metadata have no known times: the chunk timestamps then assume
+consecutive frames at `ASSUMED_FPS` (24, transformers' fallback) and a warning says so.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 from transformers.utils import logging
 from transformers.video_utils import VideoMetadata
 
+from ..errors import InvalidMediaError
 from ..tokenization.special_tokens import MEDIA_CONTENT, MEDIA_END, MEDIA_START
 
 logger = logging.get_logger(__name__)
@@ -57,12 +60,26 @@ def video_placeholders(grids: torch.Tensor, times: Sequence[float], token: str, 
 
 
 def frame_times(metadata: Any, video_idx: int, num_frames: int) -> list[float]:
-    """Seconds of each processed frame of video `video_idx` (`frame_index / fps`; see the module docstring)."""
+    """Seconds of each processed frame of video `video_idx` (`frames_timestamps`, else `frame_index / fps`; see the
+    module docstring).
+
+    Raises:
+        InvalidMediaError: the metadata's `frames_timestamps` does not hold one time per processed frame.
+    """
     meta = None
     if isinstance(metadata, (list, tuple)) and video_idx < len(metadata):
         meta = metadata[video_idx]
     elif isinstance(metadata, (VideoMetadata, dict)) and video_idx == 0:
         meta = metadata
+    times = getattr(meta, "frames_timestamps", None)
+    if times is not None:
+        if len(times) != num_frames:
+            raise InvalidMediaError(
+                f"video {video_idx}: its metadata's frames_timestamps holds {len(times)} times for {num_frames} "
+                "processed frames; give the time of each frame kept, or pass the frames already sampled with "
+                "do_sample_frames=False."
+            )
+        return [float(t) for t in times]
     fps = meta.get("fps") if meta is not None else None
     indices = meta.get("frames_indices") if meta is not None else None
     if indices is None or len(indices) != num_frames:

@@ -57,10 +57,16 @@ class VideoFrames:
 
     Attributes:
         frames: uint8 RGB frames `[T, H, W, 3]`.
-        timestamps: presentation time in seconds of each sampled frame `[T]` (float64).
+        timestamps: presentation time in seconds of each sampled frame `[T]` (float64); for a `variable_rate` source
+            sampled by time, the time each sample was taken at (a frame shown across several is stamped with each).
         indices: index of each sampled frame in the decoded stream `[T]` (int64).
         fps: the source video's average frame rate (None when the container does not state a usable one).
         total_frames: number of frames in the source video.
+        variable_rate: whether the source's frames do not follow a constant rate (a variable-frame-rate file, as
+            screen recorders write: see `load_video`); its frames were then picked by presentation time and
+            `timestamps`, not `indices / fps`, are their times.
+        duration: seconds the source video lasts: `total_frames / fps` at a constant rate, the last frame's end minus
+            the first frame's start at a variable one (None when unknown).
     """
 
     frames: np.ndarray
@@ -68,6 +74,8 @@ class VideoFrames:
     indices: np.ndarray
     fps: float | None
     total_frames: int
+    variable_rate: bool = False
+    duration: float | None = None
 
 
 def short_source(text: str, limit: int = 80) -> str:
@@ -262,23 +270,35 @@ def load_image(src: ImageSource, *, max_pixels: int = DEFAULT_MAX_PIXELS) -> Ima
         ) from exc
 
 
-def sample_frame_indices(
+def sample_frames(
     total_frames: int,
     *,
     source_fps: float | None,
     fps: float | None = None,
     num_frames: int | None = None,
     max_frames: int | None = None,
-) -> np.ndarray:
-    """Indices `[n]` of the frames to keep, uniformly spaced: `floor(i * total_frames / n)` for `i < n`.
+    frame_spans: np.ndarray | None = None,
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Indices `[n]` of the frames to keep, uniformly spaced: `floor(i * total_frames / n)` for `i < n`; and with
+    `frame_spans`, the time in seconds `[n]` each sample stands for (else None).
 
     `n` is `num_frames` when given (it wins over `fps`); otherwise `max(1, int(duration * fps))` with
     `duration = total_frames / source_fps`, capped at `total_frames` (a target fps above the source fps keeps every
     frame once, nothing is duplicated); with neither, every frame is kept. If `n` then exceeds `max_frames`, `n`
     becomes `max_frames` (the effective rate is lower; the frames stay uniformly spaced over the whole video).
 
+    With `frame_spans` (`[total_frames, 2]` start and end seconds of each frame, increasing starts, as decord's
+    `get_frame_timestamp` gives; for variable-frame-rate videos) the frames are spaced uniformly in time instead:
+    `duration` is the last frame's end minus the first frame's start (`source_fps` is not needed), sample `i` is
+    taken at `start_0 + i * duration / n` and is the frame showing then (the last one starting at or before it), so
+    a frame that stays on screen across several sample times is picked once for each, stamped with each of those
+    times, as a constant-rate copy of the video would show it (keeping every frame, with neither `num_frames` nor
+    `fps` and at most `max_frames` frames, still keeps each once, stamped with its own start). At a constant rate
+    both rules pick the same frames.
+
     Raises:
-        InvalidMediaError: `num_frames` exceeds `total_frames`, or `fps` sampling is asked without a `source_fps`.
+        InvalidMediaError: `num_frames` exceeds `total_frames`, or `fps` sampling is asked without a `source_fps` nor
+            `frame_spans`.
         ConfigError: `num_frames`, `fps` or `max_frames` not positive, or `num_frames > max_frames`.
     """
     if max_frames is not None and max_frames <= 0:
@@ -299,19 +319,46 @@ def sample_frame_indices(
     elif fps is not None:
         if not 0 < fps < math.inf:  # NaN fails too
             raise ConfigError(f"fps must be a positive, finite rate, got {fps}.")
-        if not source_fps:
+        if not source_fps and frame_spans is None:
             raise InvalidMediaError(
                 "sampling by fps needs the source frame rate, which is unknown for this video (decoded frames "
                 "passed without one?); pass it as `video_metadata=[{'fps': ...}]`, sample by `num_frames`, or keep "
                 "every frame with `do_sample_frames=False` (through `apply_chat_template`: "
                 "`processor_kwargs={'do_sample_frames': False}`)."
             )
-        n = min(total_frames, max(1, int(total_frames / source_fps * fps)))
+        duration = total_frames / source_fps if frame_spans is None else frame_spans[-1, 1] - frame_spans[0, 0]
+        n = min(total_frames, max(1, int(duration * fps)))
     else:
         n = total_frames
     if max_frames is not None:
         n = min(n, max_frames)
-    return np.arange(n, dtype=np.int64) * total_frames // n
+    if frame_spans is None or (n == total_frames and num_frames is None and fps is None):  # by index, or every frame
+        indices = np.arange(n, dtype=np.int64) * total_frames // n
+        return indices, None if frame_spans is None else frame_spans[indices, 0]
+    start, end = frame_spans[0, 0], frame_spans[-1, 1]
+    times = start + np.arange(n) * (end - start) / n
+    return (np.searchsorted(frame_spans[:, 0], times, side="right") - 1).astype(np.int64), times
+
+
+def sample_frame_indices(total_frames: int, *, source_fps: float | None, fps: float | None = None,
+                         num_frames: int | None = None, max_frames: int | None = None) -> np.ndarray:
+    """The indices `[n]` `sample_frames` keeps of `total_frames` frames at a constant rate (decoded frames)."""
+    return sample_frames(total_frames, source_fps=source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames)[0]
+
+
+def _variable_rate_spans(spans: np.ndarray, source_fps: float | None) -> np.ndarray | None:
+    """`spans` (`[T, 2]` float64 start and end seconds of every frame) when the frames do not follow a constant rate
+    (some frame starts more than half a frame period away from `first start + index / source_fps`, or the rate is
+    unknown), for sampling by time (`sample_frames(frame_spans=...)`); None at a constant rate, and when the
+    times are unusable (not finite, starts not increasing, last end not after its start): frames are then sampled
+    by index and timed `index / fps`."""
+    starts = spans[:, 0]
+    if not (np.isfinite(spans).all() and (np.diff(starts) > 0).all() and spans[-1, 1] > starts[-1]):
+        return None
+    if source_fps is None:
+        return spans
+    drift = np.abs(starts - starts[0] - np.arange(len(starts)) / source_fps)
+    return spans if drift.max() > 0.5 / source_fps else None
 
 
 def _decode_frames(reader: Any, indices: list[int]) -> np.ndarray:
@@ -336,10 +383,11 @@ GIF_DEFAULT_DELAY_MS = 100
 """Display time of a GIF frame whose delay is 10 ms or less (0 or 1 hundredth): browsers show it 100 ms."""
 
 
-def _sample_video(name: str, total: int, source_fps: float | None, **sampling: Any) -> np.ndarray:
-    """`sample_frame_indices(total, source_fps=source_fps, **sampling)`, its `InvalidMediaError` naming the video."""
+def _sample_video(name: str, total: int, source_fps: float | None, **sampling: Any
+                  ) -> tuple[np.ndarray, np.ndarray | None]:
+    """`sample_frames(total, source_fps=source_fps, **sampling)`, its `InvalidMediaError` naming the video."""
     try:
-        return sample_frame_indices(total, source_fps=source_fps, **sampling)
+        return sample_frames(total, source_fps=source_fps, **sampling)
     except InvalidMediaError as exc:
         raise InvalidMediaError(f"video {name}: {exc}") from exc
 
@@ -357,8 +405,8 @@ def _load_gif(
     path: Path, name: str, *, fps: float | None, num_frames: int | None, max_frames: int
 ) -> VideoFrames:
     """`load_video` for a GIF animation, read with Pillow: each frame shows for its delay (`GIF_DEFAULT_DELAY_MS` when
-    10 ms or less, as browsers play it), the frame rate is the average one and frames are converted by `to_rgb`
-    (transparent pixels on white)."""
+    10 ms or less, as browsers play it), the frame rate is the average one (frames are sampled by time when the
+    delays differ, see `load_video`) and frames are converted by `to_rgb` (transparent pixels on white)."""
     try:
         with Image.open(path) as image:
             delays = []
@@ -367,7 +415,10 @@ def _load_gif(
                 delay = image.info.get("duration") or 0
                 delays.append(delay if delay > 10 else GIF_DEFAULT_DELAY_MS)
             total, source_fps = len(delays), len(delays) * 1000.0 / sum(delays)
-            indices = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames)
+            starts = np.concatenate([[0.0], np.cumsum(delays[:-1], dtype=np.float64)]) / 1000.0
+            spans = _variable_rate_spans(np.stack([starts, starts + np.asarray(delays) / 1000.0], 1), source_fps)
+            indices, times = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames,
+                                           max_frames=max_frames, frame_spans=spans)
             frames = []
             for i in indices.tolist():
                 image.seek(i)
@@ -378,9 +429,9 @@ def _load_gif(
         raise InvalidMediaError(
             f"video {name} is a corrupt or truncated GIF ({type(exc).__name__}: {exc}); re-export it."
         ) from exc
-    starts = np.concatenate([[0.0], np.cumsum(delays[:-1], dtype=np.float64)]) / 1000.0
-    return VideoFrames(frames=np.stack(frames), timestamps=starts[indices], indices=indices, fps=source_fps,
-                       total_frames=total)
+    return VideoFrames(frames=np.stack(frames), timestamps=starts[indices] if times is None else times,
+                       indices=indices, fps=source_fps, total_frames=total, variable_rate=spans is not None,
+                       duration=sum(delays) / 1000.0 if spans is not None else total / source_fps)
 
 
 def load_video(
@@ -393,11 +444,18 @@ def load_video(
     """Decode a video with decord (CPU; a GIF animation with Pillow, see `_load_gif`) and sample frames uniformly by a
     target fps or by a frame count.
 
-    Sampling rule (`sample_frame_indices`): `num_frames` (wins over `fps`) picks that many uniformly spaced frames;
-    `fps` picks `int(duration * fps)` (at least 1, at most every frame once); neither keeps every frame. When that
-    would exceed `max_frames`, `max_frames` uniformly spaced frames are taken instead (the effective rate is then
-    lower; the returned timestamps show it). Asking `num_frames` beyond the video's frame count is an error
-    (`InvalidMediaError`), never padded, repeated or clamped.
+    Sampling rule (`sample_frames`): `num_frames` (wins over `fps`) picks that many uniformly spaced frames;
+    `fps` picks `int(duration * fps)` (at least 1, at most as many as the video has frames); neither keeps every
+    frame. When that would exceed `max_frames`, `max_frames` uniformly spaced frames are taken instead (the effective
+    rate is then lower; the returned timestamps show it). Asking `num_frames` beyond the video's frame count is an
+    error (`InvalidMediaError`), never padded, repeated or clamped.
+
+    Variable frame rate (browser MediaRecorder webm, desktop screen recorders, GIFs with uneven delays): when some
+    frame starts more than half a frame period away from where the average rate puts it, frames are spaced uniformly
+    in presentation time (from each frame's start and end as decord reports them; the duration runs to the last
+    frame's end) and each sample is the frame showing at its time, repeated when it stays on screen across several
+    sample times (`variable_rate` is then True; `timestamps` are the sample times, as a constant-rate copy would
+    have them). At a constant rate frames are spaced by index, as `floor(i * total_frames / n)`.
 
     Args:
         src: a path or a `file://` URL of a local video file.
@@ -421,6 +479,7 @@ def load_video(
         reader = decord.VideoReader(str(path), ctx=decord.cpu(0))
         total = len(reader)
         source_fps: float | None = float(reader.get_avg_fps())
+        spans = reader.get_frame_timestamp(list(range(total))).astype(np.float64) if total > 0 else None
     except (decord.DECORDError, RuntimeError, OSError, ValueError) as exc:
         detail = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
         if "video stream" in detail:  # decord's message for a container without (decodable) video frames
@@ -435,15 +494,22 @@ def load_video(
         raise InvalidMediaError(f"video {name} contains no frames; pass a video with at least one frame.")
     if not (source_fps is not None and math.isfinite(source_fps) and source_fps > 0):
         source_fps = None
-    indices = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames)
+    variable = _variable_rate_spans(spans, source_fps)
+    indices, times = _sample_video(name, total, source_fps, fps=fps, num_frames=num_frames, max_frames=max_frames,
+                            frame_spans=variable)
     try:
         frames = _decode_frames(reader, indices.tolist())
-        timestamps = reader.get_frame_timestamp(indices.tolist())[:, 0].astype(np.float64)
     except (decord.DECORDError, RuntimeError, OSError, ValueError, IndexError) as exc:
         raise InvalidMediaError(
             f"video {name} is corrupt: some of its {total} frames cannot be decoded ({type(exc).__name__}); "
             "re-encode the file (e.g. with ffmpeg) and try again."
         ) from exc
+    if variable is not None:
+        duration: float | None = float(variable[-1, 1] - variable[0, 0])
+    else:
+        duration = total / source_fps if source_fps else None
     return VideoFrames(
-        frames=np.ascontiguousarray(frames), timestamps=timestamps, indices=indices, fps=source_fps, total_frames=total
+        frames=np.ascontiguousarray(frames), timestamps=spans[indices, 0] if times is None else times,
+        indices=indices, fps=source_fps,
+        total_frames=total, variable_rate=variable is not None, duration=duration,
     )

@@ -2,8 +2,9 @@
 
 Frames: a video file (path or `file://` URL) is read with decord through `media.load_video`, sampling by
 `num_frames` (uniform; wins over `fps`) or by `fps` (default 2 frames per second), at most `max_frames` frames;
-`do_sample_frames=False` keeps every frame (still at most `max_frames`). Decoded frames (a `[T, H, W, 3]` /
-`[T, 3, H, W]` array or tensor, or a list of frames) are sampled the same way from `video_metadata`
+`do_sample_frames=False` keeps every frame (still at most `max_frames`); variable-frame-rate files are sampled by
+presentation time and their metadata (`TimedVideoMetadata`) carries the sample times. Decoded frames (a
+`[T, H, W, 3]` / `[T, 3, H, W]` array or tensor, or a list of frames) are sampled the same way from `video_metadata`
 (`total_num_frames`, `fps`) when `do_sample_frames` is on; sampling by fps then needs the metadata's `fps`.
 
 Each frame is resized and padded exactly like an image (`image_processing.fit_to_patch_budget`, default budget
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -34,7 +36,7 @@ from transformers.video_utils import VideoMetadata, make_batched_videos
 
 from ..errors import InvalidMediaError
 from .image_processing import check_not_rescaled, check_square_size, patch_grid, patchify, resize_and_pad
-from .media import DEFAULT_MAX_FRAMES, load_video, sample_frame_indices
+from .media import DEFAULT_MAX_FRAMES, VideoFrames, load_video, sample_frame_indices
 
 
 class MoonViTVideoProcessorKwargs(VideosKwargs, total=False):
@@ -46,6 +48,37 @@ class MoonViTVideoProcessorKwargs(VideosKwargs, total=False):
     merge_size: int
     temporal_patch_size: int
     max_frames: int
+
+
+@dataclass
+class TimedVideoMetadata(VideoMetadata):
+    """transformers' `VideoMetadata` plus `frames_timestamps`: the time in seconds of each frame listed in
+    `frames_indices` (the frames processed; `load_video`'s `timestamps`), for videos whose frames are not
+    `frames_indices / fps` seconds in (variable-frame-rate files); None when they are. The chunk timestamps of the
+    prompt (`kimi_vl.fusion.frame_times`) and `timestamps` use them when set."""
+
+    frames_timestamps: list[float] | None = None
+
+    @property
+    def timestamps(self) -> list[float]:
+        """Seconds of each sampled frame: `frames_timestamps` when set, else `frames_indices / fps`."""
+        return self.frames_timestamps if self.frames_timestamps is not None else super().timestamps
+
+
+def clip_metadata(clip: VideoFrames) -> TimedVideoMetadata:
+    """The metadata of frames read by `load_video`, to pass with them as `video_metadata` (with
+    `do_sample_frames=False`): source frame count, rate, size, duration, sampled indices and, for a variable-rate
+    file, the times its samples were taken at."""
+    return TimedVideoMetadata(
+        total_num_frames=clip.total_frames,
+        fps=clip.fps,
+        height=clip.frames.shape[1],
+        width=clip.frames.shape[2],
+        duration=clip.duration,
+        video_backend="decord",
+        frames_indices=clip.indices.tolist(),
+        frames_timestamps=clip.timestamps.tolist() if clip.variable_rate else None,
+    )
 
 
 def fspath_videos(videos: Any) -> Any:
@@ -136,8 +169,9 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
             outputs.append(self.preprocess([video], **kwargs, **extra))
         return BatchFeature(data={key: _join([out[key] for out in outputs]) for key in outputs[0]})
 
-    def _read_files(self, sources: list[str], kwargs: dict) -> tuple[list[np.ndarray], list[VideoMetadata]]:
-        """Decode and sample each file with decord; returns frames `[T, H, W, 3]` and metadata per video."""
+    def _read_files(self, sources: list[str], kwargs: dict) -> tuple[list[np.ndarray], list[TimedVideoMetadata]]:
+        """Decode and sample each file with decord; returns frames `[T, H, W, 3]` and metadata (`clip_metadata`) per
+        video."""
         setting = {k: kwargs.get(k, getattr(self, k)) for k in ("do_sample_frames", "fps", "num_frames", "max_frames")}
         sample = setting["do_sample_frames"]
         frames, metadata = [], []
@@ -149,17 +183,7 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
                 max_frames=setting["max_frames"],
             )
             frames.append(clip.frames)
-            metadata.append(
-                VideoMetadata(
-                    total_num_frames=clip.total_frames,
-                    fps=clip.fps,
-                    height=clip.frames.shape[1],
-                    width=clip.frames.shape[2],
-                    duration=clip.total_frames / clip.fps if clip.fps else None,
-                    video_backend="decord",
-                    frames_indices=clip.indices.tolist(),
-                )
-            )
+            metadata.append(clip_metadata(clip))
         return frames, metadata
 
     def sample_frames(
@@ -233,4 +257,6 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
         return chunks * per_frame // merge**2
 
 
-__all__ = ["MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs", "fspath_videos"]
+__all__ = [
+    "MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs", "TimedVideoMetadata", "clip_metadata", "fspath_videos",
+]

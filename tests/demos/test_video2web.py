@@ -3,6 +3,7 @@
 import argparse
 import json
 import random
+import re
 import xml.etree.ElementTree as ET
 
 import numpy as np
@@ -14,6 +15,7 @@ from kimi_vl.data.screencast import make_screencast, page_html, write_video
 from kimi_vl.data.world import item_key, make_sample, sample_rng, split_of
 from kimi_vl.demos.similarity import page_similarity
 from kimi_vl.demos.video2web import (
+    _model_inputs,
     add_video2web_parser,
     blank_page_score,
     fixed_page_scores,
@@ -30,6 +32,7 @@ from kimi_vl.errors import CheckpointError, ConfigError, InvalidMediaError, Kimi
 from kimi_vl.text import KimiTextConfig
 from tests.demos.conftest import chromium_or_none
 from tests.test_export import tiny_model, tiny_processor
+from tests.vision.test_media import write_vfr_video
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +209,17 @@ def test_long_video_fits_the_budget(loaded, tmp_path):
         read_video(video, proc, num_frames=12, max_video_tokens=2 * per_chunk)
     with pytest.raises(InvalidMediaError, match="over the budget"):
         read_video(video, proc, max_video_tokens=per_chunk - 1)
+
+
+def test_screen_recording_with_variable_frame_rate(tmp_path):
+    """A recorder's variable-frame-rate file (7 s, 24 fps stated, 12 frames): the demo samples one frame per half
+    second of it, not 1 frame of a 0.5 s video, and the prompt's chunks carry the frames' own start times."""
+    proc = tiny_processor()
+    clip = read_video(write_vfr_video(tmp_path / "screen.mkv"), proc, fps=2.0)
+    assert clip.indices.tolist() == [0, 4, 5, 5, 5, 5, 9, 9, 9, 9, 9, 10]
+    prompt = proc.tokenizer.decode(_model_inputs(proc, clip)["input_ids"][0])
+    assert re.findall(r"(\d\d:\d\d:\d\d\.\d{3})<\|media_start\|>video", prompt) == [
+        "00:00:00.000", "00:00:02.346", "00:00:04.693"]
 
 
 def test_bad_videos(model_dir, tmp_path):

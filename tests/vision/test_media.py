@@ -5,6 +5,7 @@ Fixtures are generated here: images with Pillow, mp4 videos with PyAV (`av`).
 
 import struct
 import zlib
+from fractions import Fraction
 from pathlib import Path
 
 import numpy as np
@@ -44,6 +45,27 @@ def write_video(path: Path, frames: np.ndarray, fps: int = 10) -> Path:
         stream.width, stream.height, stream.pix_fmt = frames.shape[2], frames.shape[1], "yuv420p"
         for frame in frames:
             container.mux(stream.encode(av.VideoFrame.from_ndarray(frame, format="rgb24")))
+        container.mux(stream.encode())
+    return path
+
+
+VFR_PTS_MS = [0, 125, 250, 375, 500, 625, 3000, 3125, 3250, 3375, 6000, 7000]
+"""Frame start times (ms) of `write_vfr_video`'s default clip: bursts at 8 fps with static gaps, as a screen recorder
+writes (times in 1/8 s, exact in decord's float32). Its container states 24 fps; decord ends the last frame 1/24 s
+after its start, so the clip lasts 7.041 s."""
+
+
+def write_vfr_video(path: Path, pts_ms: list[int] = VFR_PTS_MS) -> Path:
+    """A variable-frame-rate Matroska video (mpeg4, time base 1 ms, 32x32) whose frame i starts at `pts_ms[i]` and is
+    a flat grey of level 10 + 20 * i."""
+    with av.open(str(path), "w", format="matroska") as container:
+        stream = container.add_stream("mpeg4")
+        stream.width, stream.height, stream.pix_fmt = 32, 32, "yuv420p"
+        stream.time_base = stream.codec_context.time_base = Fraction(1, 1000)
+        for i, pts in enumerate(pts_ms):
+            frame = av.VideoFrame.from_ndarray(np.full((32, 32, 3), 10 + 20 * i, np.uint8), format="rgb24")
+            frame.pts, frame.time_base = pts, Fraction(1, 1000)
+            container.mux(stream.encode(frame))
         container.mux(stream.encode())
     return path
 
@@ -338,6 +360,77 @@ def test_gif_animation_is_read_with_its_frame_delays(tmp_path):
     transparent = Image.new("P", (8, 8), 0)
     transparent.save(tmp_path / "t.gif", transparency=0)
     assert load_video(tmp_path / "t.gif").frames.reshape(-1, 3).min() == 255
+
+
+def test_variable_frame_rate_video_is_sampled_by_presentation_time(tmp_path, video8):
+    """Screen recorders write variable-frame-rate files: frames are spaced uniformly in time over the true duration
+    (not `frame count / average fps`), each sample the frame showing then, timed by when it was sampled (every frame
+    kept: by its own start)."""
+    path = write_vfr_video(tmp_path / "screen.mkv")
+    every = load_video(path)
+    assert every.variable_rate and every.indices.tolist() == list(range(12))  # every frame once
+    np.testing.assert_allclose(every.timestamps, np.array(VFR_PTS_MS) / 1000)
+    assert every.duration == pytest.approx(7.041, abs=1e-3) and every.fps == 24.0
+
+    # 1 fps over 7.041 s: 7 samples at 0, 1.006, ..., 6.035 s; the frame starting at 0.625 s shows until 3 s
+    by_fps = load_video(path, fps=1)
+    assert by_fps.indices.tolist() == [0, 5, 5, 6, 9, 9, 10]
+    np.testing.assert_allclose(by_fps.timestamps, np.arange(7) * every.duration / 7)
+    np.testing.assert_allclose(by_fps.frames[:, 0, 0, 0], 10 + 20 * by_fps.indices, atol=4)  # the frames themselves
+    assert load_video(path, fps=2).indices.tolist() == [0, 4, 5, 5, 5, 5, 9, 9, 9, 9, 9, 10]  # 12 samples (cap)
+    assert load_video(path, num_frames=4).indices.tolist() == [0, 5, 9, 9]  # at 0, 1.76, 3.52, 5.28 s
+    assert load_video(path, max_frames=3).indices.tolist() == [0, 5, 9]  # at 0, 2.35, 4.69 s
+    constant = load_video(video8)
+    assert not constant.variable_rate and constant.duration == 0.8
+
+
+def test_variable_delay_gif_is_sampled_by_presentation_time(tmp_path):
+    levels = [10, 60, 110, 160, 210, 250]
+    frames = [Image.fromarray(np.full((8, 8, 3), v, np.uint8)) for v in levels]
+    gif = tmp_path / "recording.gif"
+    frames[0].save(gif, save_all=True, append_images=frames[1:], duration=[100, 100, 100, 2000, 100, 1000], loop=0)
+    clip = load_video(gif, fps=2)  # 3.4 s: 6 samples at 0, 0.567, ..., 2.833 s; frame 3 shows from 0.3 to 2.3 s
+    assert clip.variable_rate and clip.duration == pytest.approx(3.4)
+    assert clip.indices.tolist() == [0, 3, 3, 3, 3, 5] and clip.frames[:, 0, 0, 0].tolist() == [10, 160, 160, 160,
+                                                                                               160, 250]
+    np.testing.assert_allclose(clip.timestamps, np.arange(6) * 3.4 / 6)
+    assert load_video(gif, num_frames=3).indices.tolist() == [0, 3, 3]
+    assert load_video(gif).indices.tolist() == list(range(6))
+
+
+@pytest.mark.parametrize(
+    "settings, indices, stamps",
+    [
+        ({}, list(range(25)), None),
+        ({"fps": 2}, [0, 6, 12, 18], [0.0, 0.47999998927116394, 0.9599999785423279, 1.440000057220459]),
+        ({"fps": 3}, [0, 4, 8, 12, 16, 20], [0.0, 0.3199999928474426, 0.6399999856948853, 0.9599999785423279,
+                                              1.2799999713897705, 1.600000023841858]),
+        ({"fps": 7.5}, [0, 1, 3, 5, 6, 8, 10, 11, 13, 15, 16, 18, 20, 21, 23], None),
+        ({"num_frames": 5}, [0, 5, 10, 15, 20], [0.0, 0.4000000059604645, 0.800000011920929, 1.2000000476837158,
+                                                 1.600000023841858]),
+        ({"max_frames": 4}, [0, 6, 12, 18], [0.0, 0.47999998927116394, 0.9599999785423279, 1.440000057220459]),
+    ],
+)
+def test_constant_rate_sampling_is_pinned(tmp_path, settings, indices, stamps):
+    """Constant-rate files keep the index rule `floor(i * total / n)` and decord's own (float32) start times, exactly
+    as before variable-rate sampling existed (12.5 fps: starts just below whole milliseconds)."""
+    frames = np.zeros((25, 32, 48, 3), np.uint8)
+    clip = load_video(write_video(tmp_path / "c.mp4", frames, fps=Fraction(25, 2)), **settings)
+    assert clip.fps == 12.5 and clip.indices.tolist() == indices
+    assert clip.timestamps.tolist() == (stamps or np.float32(np.array(indices) * 0.08).astype(np.float64).tolist())
+
+
+@pytest.mark.parametrize(
+    "settings, indices",
+    [({}, list(range(9))), ({"fps": 2}, [0]), ({"fps": 3}, [0, 4]), ({"fps": 7.5}, [0, 1, 3, 5, 7]),
+     ({"num_frames": 5}, [0, 1, 3, 5, 7]), ({"max_frames": 4}, [0, 2, 4, 6])],
+)
+def test_constant_rate_gif_sampling_is_pinned(tmp_path, settings, indices):
+    frames = [Image.fromarray(np.full((8, 8, 3), 20 * i, np.uint8)) for i in range(9)]
+    frames[0].save(tmp_path / "g.gif", save_all=True, append_images=frames[1:], duration=80, loop=0)
+    clip = load_video(tmp_path / "g.gif", **settings)
+    assert clip.indices.tolist() == indices
+    assert clip.timestamps.tolist() == [[0.0, 0.08, 0.16, 0.24, 0.32, 0.4, 0.48, 0.56, 0.64][i] for i in indices]
 
 
 def test_more_frames_than_exist_is_an_error(video8):
