@@ -15,9 +15,9 @@ from transformers.utils import can_return_tuple
 from .configuration import KimiVLConfig
 from .errors import InvalidMediaError, ShapeError
 from .fusion.embedding import fuse_media, media_tokens, repeat_media_per_sample
-from .text import KimiHybridCache, KimiTextForCausalLM
+from .text import KimiHybridCache, KimiTextForCausalLM, KimiTextModel
 from .text.cache import HybridCacheGenerationMixin
-from .text.modeling import one_cache, real_tokens
+from .text.modeling import one_cache, real_tokens, refuse_attention_outputs
 from .vision import MoonViTModel, MoonViTProjector
 
 
@@ -65,6 +65,15 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
 
     def set_output_embeddings(self, value: nn.Linear) -> None:
         self.language_model.set_output_embeddings(value)
+
+    def get_decoder(self) -> KimiTextModel:
+        """The text backbone without its LM head (`input_ids [B, T]` -> `last_hidden_state [B, T, hidden]`), as
+        transformers' vision-language models return it; their `language_model` is that backbone, ours holds the
+        head too (transformers' default lookup returned it)."""
+        return self.language_model.get_decoder()
+
+    def set_decoder(self, decoder: KimiTextModel) -> None:
+        self.language_model.model = decoder
 
     def media_features(self, pixel_values: torch.Tensor, grid_thw: torch.Tensor) -> torch.Tensor:
         """Merged, projected media tokens `[num_merged, text_hidden]` for images or video chunks."""
@@ -152,9 +161,14 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> CausalLMOutputWithPast:
+        """`output_hidden_states` and `output_attentions` default to this model's `config` (as in transformers'
+        models), else to `text_config`'s; see `KimiTextModel.forward`."""
+        refuse_attention_outputs(kwargs, self.config)
+        if kwargs.get("output_hidden_states") is None and self.config.output_hidden_states:
+            kwargs["output_hidden_states"] = True
         cache = one_cache(cache, past_key_values)
         if inputs_embeds is None:
             if input_ids is None or input_ids.dim() != 2:

@@ -179,3 +179,52 @@ def test_adapters_in_a_frozen_vision_tower_get_gradients_under_reentrant_checkpo
     got = grads(checkpointing=True)
     assert all(g is not None for g in got)
     torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("which", ["causal_lm", "vl"])
+def test_config_output_flags_are_read_as_transformers_models_read_them(which, tmp_path):
+    """`from_pretrained(..., output_hidden_states=True)` sets `config.output_hidden_states`, which transformers' models
+    read when the argument is not given: the hidden states came back None. `config.output_attentions` (set the same
+    way) is refused as the argument is, not answered with None."""
+    model = tiny_model() if which == "causal_lm" else tiny_vl()
+    ids = torch.tensor([[3, 4, 5, 6]])
+    expected = model(ids, output_hidden_states=True).hidden_states
+    model.save_pretrained(tmp_path)
+    loaded = type(model).from_pretrained(tmp_path, output_hidden_states=True)
+    got = loaded(ids).hidden_states
+    assert got is not None and len(got) == len(expected) == model.config.get_text_config().num_hidden_layers + 1
+    torch.testing.assert_close(got, expected)
+    assert loaded(ids, output_hidden_states=False).hidden_states is None
+    loaded = type(model).from_pretrained(tmp_path, output_attentions=True)
+    with pytest.raises(ConfigError, match="output_attentions"):
+        loaded(ids)
+
+
+@pytest.mark.parametrize("which", ["causal_lm", "vl"])
+def test_logits_to_keep_takes_a_tensor_of_positions_as_in_transformers(which):
+    """transformers' `logits_to_keep` is an int (the last positions) or a 1-D tensor of the positions to keep; the
+    tensor raised "Boolean value of Tensor with more than one value is ambiguous"."""
+    model = tiny_model() if which == "causal_lm" else tiny_vl()
+    ids = torch.tensor([[3, 4, 5, 6, 7], [8, 9, 10, 11, 12]])
+    full = model(ids).logits
+    keep = torch.tensor([0, 3])
+    got = model(ids, logits_to_keep=keep).logits
+    assert got.shape == (2, 2, full.shape[-1])
+    torch.testing.assert_close(got, full[:, keep])
+    torch.testing.assert_close(model(ids, logits_to_keep=2).logits, full[:, -2:])
+
+
+def test_vl_get_decoder_is_the_headless_text_backbone():
+    """transformers' `get_decoder()` gives the decoder that returns hidden states (a vision-language model's headless
+    language model); the fusion model's returned its language model with the LM head."""
+    from kimi_vl.text import KimiTextModel
+
+    model = tiny_vl()
+    decoder = model.get_decoder()
+    assert decoder is model.language_model.model and isinstance(decoder, KimiTextModel)
+    ids = torch.tensor([[3, 4, 5, 6]])
+    hidden = model(ids, output_hidden_states=True).hidden_states[-1]
+    torch.testing.assert_close(decoder(ids).last_hidden_state, hidden)
+    other = tiny_vl(seed=1).get_decoder()
+    model.set_decoder(other)
+    assert model.get_decoder() is other

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import nn
-from transformers import GenerationMixin, PreTrainedModel
+from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 from transformers.utils import can_return_tuple
@@ -145,12 +145,14 @@ def one_cache(cache: KimiHybridCache | None, past_key_values: KimiHybridCache | 
     return cache if cache is not None else past_key_values
 
 
-def refuse_attention_outputs(kwargs: dict) -> None:
-    """`output_attentions=True` has nothing to return: the KDA layers form no attention matrix and the MLA layers run
-    fused attention. Refused rather than answered with None."""
-    if kwargs.get("output_attentions"):
+def refuse_attention_outputs(kwargs: dict, config: PretrainedConfig) -> None:
+    """`output_attentions=True` (the argument, or when not given `config.output_attentions`, as transformers' models
+    read it, e.g. set by `from_pretrained(..., output_attentions=True)`) has nothing to return: the KDA layers form
+    no attention matrix and the MLA layers run fused attention. Refused rather than answered with None."""
+    if kwargs.get("output_attentions") or (kwargs.get("output_attentions") is None and config.output_attentions):
         raise ConfigError("output_attentions=True is not supported: KDA layers form no attention matrix and MLA "
-                          "layers run fused attention; output_hidden_states=True gives every layer's hidden states.")
+                          "layers run fused attention; output_hidden_states=True gives every layer's hidden states. "
+                          "Pass output_attentions=False or set model.config.output_attentions = False.")
 
 
 class KimiTextModel(KimiTextPreTrainedModel):
@@ -203,8 +205,14 @@ class KimiTextModel(KimiTextPreTrainedModel):
         `position_ids` `[B or 1, T]` are read by `"mla_rope"` layers only (KDA's conv and decay and NoPE MLA carry
         order without them). When not given they are derived: restarting at 0 in each packed sequence with
         `cu_seqlens`; from the 2-D `attention_mask` (`cumsum - 1`, so left padding does not shift a row's positions,
-        the rule `generate` uses); else `cached + 0..T-1`."""
-        refuse_attention_outputs(kwargs)
+        the rule `generate` uses); else `cached + 0..T-1`.
+
+        `output_hidden_states` (default `config.output_hidden_states`, as in transformers' models): `hidden_states`
+        holds `num_hidden_layers + 1` tensors `[B, T, hidden]`, each layer's input stream and the final normed
+        output."""
+        refuse_attention_outputs(kwargs, self.config)
+        if output_hidden_states is None:
+            output_hidden_states = self.config.output_hidden_states
         cache = one_cache(cache, past_key_values)
         if (input_ids is None) == (inputs_embeds is None):
             raise ShapeError("Pass exactly one of input_ids [B, T] or inputs_embeds [B, T, hidden].")
@@ -349,14 +357,15 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         use_cache: bool | None = None,
         cu_seqlens: torch.Tensor | None = None,
         output_hidden_states: bool | None = None,
-        logits_to_keep: int = 0,
+        logits_to_keep: int | torch.Tensor = 0,
         loss_normalisation: str = "token",
         token_mask: torch.Tensor | None = None,
         return_logits: bool = True,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Next-token logits `[B, T, vocab]` (the last `logits_to_keep` positions when set) and, with `labels`, the
+        """Next-token logits `[B, T, vocab]` (the last `logits_to_keep` positions when set; as in transformers, a 1-D
+        tensor `logits_to_keep` lists the positions to keep) and, with `labels`, the
         loss (`causal_lm_loss`; `loss_normalisation="document"` weighs every packed sequence of `cu_seqlens`
         equally). `return_logits=False` (the trainer's forwards) with `labels`: when the logits would exceed
         `LOSS_CHUNK_ELEMENTS`, the loss comes from `chunked_causal_lm_loss` and `logits` is None.
@@ -367,7 +376,7 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
 
         `return_dict=False` (or `config.return_dict=False`) returns the output's `to_tuple()`, as transformers'
         models do."""
-        refuse_attention_outputs(kwargs)
+        refuse_attention_outputs(kwargs, self.config)
         cache = one_cache(cache, past_key_values)
         out = self.model(
             input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -376,12 +385,16 @@ class KimiTextForCausalLM(KimiTextPreTrainedModel, HybridCacheGenerationMixin, G
         )
         h = out.last_hidden_state
         per_document = loss_normalisation == "document"
-        if (labels is not None and not return_logits and not logits_to_keep
+        keep_all = isinstance(logits_to_keep, int) and not logits_to_keep
+        if (labels is not None and not return_logits and keep_all
                 and h.shape[0] * h.shape[1] * self.lm_head.out_features > LOSS_CHUNK_ELEMENTS):
             loss = chunked_causal_lm_loss(h, self.lm_head, labels, cu_seqlens, per_document=per_document,
                                           max_elements=LOSS_CHUNK_ELEMENTS, num_items_in_batch=num_items_in_batch)
             return CausalLMOutputWithPast(loss=loss, logits=None, cache=out.cache, hidden_states=out.hidden_states)
-        logits = self.lm_head(h[:, -logits_to_keep:] if logits_to_keep else h)
+        if keep_all:
+            logits = self.lm_head(h)
+        else:
+            logits = self.lm_head(h[:, -logits_to_keep:] if isinstance(logits_to_keep, int) else h[:, logits_to_keep])
         loss = None
         if labels is not None:
             loss = causal_lm_loss(logits, labels, cu_seqlens, per_document=per_document,
