@@ -30,6 +30,7 @@ and ``fused_recurrent_kda`` (forward-only kernel) also when an input requires gr
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from itertools import accumulate, pairwise
@@ -47,6 +48,10 @@ from kimi_vl.kernels.offsets import host_offsets
 CHUNK = 64
 SUB_CHUNK = 16
 L2_EPS = 1e-6
+# The chunked paths clamp the log decay g from below at log(fp32 tiny) = -87.3: below it exp(g) is under every normal
+# fp32 number (a decay of practically 0), while in-chunk cumulative sums G, whose differences give every decay, would
+# lose the other tokens' gates to cancellation (an fp32 G near -1e4 has a spacing of 1e-3) or make -inf - -inf NaN.
+GATE_FLOOR = math.log(torch.finfo(torch.float32).tiny)
 # The torch path's chunk: each packed sequence is padded to whole chunks, and packed training documents are short
 # (about 70 tokens in the tiny preset's pre-training), so at 64 a third of the chunk work was padding; at 32 a
 # pre-training step takes 0.87-0.93x the time, and a dense 4096-token sequence the same time (`bench/kda.py`).
@@ -524,6 +529,7 @@ def chunk_kda(
     scale (default ``Dk**-0.5``, applied after the optional L2 norm); initial_state ``[N, H, Dk, Dv]``;
     cu_seqlens ``[N+1]`` offsets of packed sequences (B must be 1).
     Returns ``(o [B, T, H, Dv] in q's dtype, final_state [N, H, Dk, Dv] fp32 (fp64 for fp64 input) or None)``.
+    The chunked paths count gates below ``GATE_FLOOR`` (-inf included: a hard reset) as ``GATE_FLOOR``.
     Dispatches (see the module docstring) to the naive reference, :func:`chunk_kda_torch` or the Triton
     kernels (forward and backward).
     """
@@ -563,6 +569,7 @@ def chunk_kda_torch(
                                    cu_seqlens=cu_seqlens)
     out_dtype = q.dtype
     q, k, v, g, beta, h0 = _prepare(q, k, v, g, beta, scale, initial_state, use_qk_l2norm)
+    g = g.clamp_min(GATE_FLOOR)
     B, T, H, Dk = q.shape
     Dv = v.shape[-1]
     C = TORCH_CHUNK

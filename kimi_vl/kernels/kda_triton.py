@@ -45,7 +45,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kimi_vl.kernels.kda import CHUNK, L2_EPS, SUB_CHUNK
+from kimi_vl.kernels.kda import CHUNK, GATE_FLOOR, L2_EPS, SUB_CHUNK
 
 LOOP_STAGES = 1
 """Software-pipelining stages of the kernels that loop over chunks or value blocks (the state walks, the backward's
@@ -808,5 +808,6 @@ def chunk_kda_triton(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Chunked KDA with the Triton forward and backward (inputs already validated; ``offsets`` from ``_check``)."""
     scale = q.shape[-1] ** -0.5 if scale is None else scale
+    g = g.clamp_min(GATE_FLOOR)
     o, ht = ChunkKDAFunction.apply(q, k, v, g, beta, initial_state, scale, use_qk_l2norm, offsets)
     return o, ht if output_final_state else None

@@ -235,6 +235,11 @@ class KimiTextConfig(PretrainedConfig):
         if self.num_experts > 0 and self.n_group > 1 and self.num_experts // self.n_group < 2:
             raise ConfigError(f"grouped routing scores each group by its two best experts: num_experts="
                               f"{self.num_experts} / n_group={self.n_group} leaves fewer than 2 per group.")
+        per_group = self.num_experts // self.n_group if self.num_experts > 0 else 0
+        if self.num_experts_per_tok > self.topk_group * per_group > 0:
+            raise ConfigError(f"num_experts_per_tok={self.num_experts_per_tok} experts cannot come from the topk_group="
+                              f"{self.topk_group} kept groups of {per_group} experts: raise topk_group or lower "
+                              "num_experts_per_tok.")
         if self.num_shared_experts < 0 or self.first_k_dense < 0:
             raise ConfigError(f"num_shared_experts={self.num_shared_experts} and first_k_dense={self.first_k_dense} "
                               "must be >= 0.")

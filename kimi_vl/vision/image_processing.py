@@ -7,8 +7,11 @@ Per image (read with `media.load_image`: EXIF orientation applied, converted to 
    Never upscaled; the aspect ratio is kept. Resizing is bicubic with antialiasing (torchvision).
    `do_resize=False` skips this step only.
 2. Padding: right and bottom with black up to a multiple of `patch * merge` (28), so every merge window is full.
-   Padding can take a very elongated image past `max_patches`: its short side grows to 28 px whatever the budget
-   (a 1 x 10000 image becomes 2 x 214 patches at `max_patches=64`), as in transformers' processor.
+   The padded grid can exceed `max_patches`, as in transformers' processor: the rule counts whole patches (floor)
+   and padding rounds up (1793 x 1792 px: 128 x 128 = 16384 patches, padded 130 x 128). A very elongated image
+   exceeds it far more: a side under one patch counts as one patch in `ph * pw` but is scaled by `s` too, so the
+   count shrinks by `s`, not `s**2` (1 x 3000 px at `max_patches=64`: 214 patches, `s = 0.547`, 1 x 1640 px =
+   117 patches), and padding then grows the short side to 28 px (2 x 118 = 236 patches; 1 x 10000 px: 2 x 214).
 3. Rescale to [0, 1], normalise with `image_mean` / `image_std` (0.5 each: padded pixels become -1.0).
 4. Patchify: `[3, H, W] -> [H/14 * W/14, 3, 14, 14]`, patches row-major.
 
@@ -36,7 +39,8 @@ from .media import load_image
 
 
 class MoonViTImageProcessorKwargs(ImagesKwargs, total=False):
-    """Extra settings: `max_patches` (patch budget per image, before padding), `patch_size`, `merge_size`."""
+    """Extra settings: `max_patches` (patch budget per image of the resize rule; the padded grid can exceed it, see
+    the module docstring), `patch_size`, `merge_size`."""
 
     max_patches: int
     patch_size: int

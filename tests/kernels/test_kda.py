@@ -120,6 +120,19 @@ def test_hard_reset_stays_finite_and_forgets_the_past():
     assert torch.allclose(o1[:, reset:], o2[:, reset:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("reset", [-1e4, -1e8, float("-inf")])
+def test_very_negative_gates_keep_float32_accuracy(reset):
+    """A gate far below exp's range (-inf: the decay is exactly 0) must not cost the other tokens' decays their
+    precision through the in-chunk cumulative sums, nor turn -inf - -inf into NaN."""
+    q, k, v, g, beta, h0 = make_inputs(B=1, T=70, H=2, Dk=16, Dv=16, gate_div=10.0)
+    g[:, [3, 40]] = reset
+    ref = run(naive_recurrent_kda, [q, k, v, g, beta, h0], use_qk_l2norm=True)
+    out = run(chunk_kda, [x.float() for x in (q, k, v, g, beta, h0)], use_qk_l2norm=True)
+    for name in ("o", "ht", "dq", "dk", "dv", "dbeta", "dh0"):
+        assert torch.isfinite(out[name]).all(), name
+        assert rel(out[name], ref[name]) < 1e-5, name
+
+
 @pytest.mark.parametrize("T,steps", [(100, 5), (64, 3), (7, 2)])
 def test_fused_recurrent_continues_chunk_prefill(T, steps):
     q, k, v, g, beta, h0 = make_inputs(B=2, T=T + steps, H=2, Dk=32, Dv=48, dtype=torch.float32)

@@ -304,6 +304,7 @@ def test_cache_bytes_per_token_hybrid_vs_all_mla():
         (dict(layer_types=["kda", "attention", "kda", "mla"]), "layer_types"),
         (dict(layer_types=["kda", "mla"]), "num_hidden_layers"),
         (dict(num_experts_per_tok=5), "num_experts_per_tok"),
+        (dict(num_experts=8, n_group=4, topk_group=1, num_experts_per_tok=3), "topk_group=1 kept groups"),
         (dict(residual="highway"), "residual"),
     ],
 )
