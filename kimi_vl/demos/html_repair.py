@@ -176,9 +176,9 @@ class _TreeBuilder(HTMLParser):
 
 def _serialise(root: _Element, out: list[str]) -> None:
     """Append the HTML of `root` and everything in it to `out`; iterative, so any nesting depth serialises."""
-    todo: list[tuple[_Element | str, bool] | str] = [(root, False)]  # (node, inside style) or an end tag
-    while todo:
-        item = todo.pop()
+    pending: list[tuple[_Element | str, bool] | str] = [(root, False)]  # (node, inside style) or an end tag
+    while pending:
+        item = pending.pop()
         if isinstance(item, str):
             out.append(item)
             continue
@@ -191,8 +191,8 @@ def _serialise(root: _Element, out: list[str]) -> None:
             out.append(f"<{node.tag}{attrs}/>")
             continue
         out.append(f"<{node.tag}{attrs}>")
-        todo.append(f"</{node.tag}>")
-        todo.extend((child, node.tag == "style") for child in reversed(node.children))
+        pending.append(f"</{node.tag}>")
+        pending.extend((child, node.tag == "style") for child in reversed(node.children))
 
 
 def _raw_text_tail(text: str, tag: str) -> str:
