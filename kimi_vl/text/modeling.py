@@ -219,6 +219,8 @@ class KimiTextModel(KimiTextPreTrainedModel):
         if inputs_embeds is None:
             inputs_embeds = self.embed_tokens(input_ids)
         B, T, _ = inputs_embeds.shape
+        if T == 0:
+            raise ShapeError(f"the input has no tokens (shape [{B}, 0]); pass at least one token per row.")
         if cu_seqlens is not None and (B != 1 or attention_mask is not None or cache is not None):
             raise ShapeError(
                 f"cu_seqlens packs sequences into one row: it needs batch size 1 (got {B}), no attention_mask "

@@ -89,8 +89,9 @@ class RLConfig:
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ConfigError(f"algorithm={self.algorithm!r}; choose one of {ALGORITHMS}.")
-        if self.k < 1:
-            raise ConfigError(f"k={self.k}: sample at least one response per prompt (K2.5 and GRPO need k >= 2).")
+        if self.k < 2:
+            raise ConfigError(f"k={self.k}: sample at least 2 responses per prompt; an advantage is a reward minus its "
+                              "group's mean, 0 for every response of a group of one (K2.5 and GRPO need k >= 2).")
         for name in ("alpha", "beta", "tau", "kl_coef", "clip_eps", "temperature", "top_p"):
             if not math.isfinite(getattr(self, name)):
                 raise ConfigError(f"{name}={getattr(self, name)} must be a finite number.")

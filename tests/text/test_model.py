@@ -322,6 +322,8 @@ def test_bad_forward_inputs_raise():
         model(ids, attention_mask=torch.ones(2, 9, dtype=torch.long))
     with pytest.raises(ShapeError, match="exactly one"):
         model()
+    with pytest.raises(ShapeError, match=r"no tokens \(shape \[2, 0\]\)"):  # was a raw ValueError from the experts
+        model(ids[:, :0])
 
 
 def test_attention_outputs_are_refused_not_answered_with_none():

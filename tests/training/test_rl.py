@@ -243,6 +243,9 @@ def test_rl_config_validation():
     RLConfig(algorithm="grpo", kl_coef=0.04)
     with pytest.raises(ConfigError, match="greedy"):
         RLConfig(temperature=0)
+    for k in (0, 1):  # a group of one has zero advantage: k=1 trained nothing, silently
+        with pytest.raises(ConfigError, match=f"k={k}: sample at least 2 responses"):
+            RLConfig(k=k)
     for name, value in (("tau", float("nan")), ("kl_coef", float("nan")), ("clip_eps", float("nan")),
                         ("temperature", float("inf")), ("beta", float("inf"))):
         with pytest.raises(ConfigError, match=f"{name}={value} must be a finite number"):
