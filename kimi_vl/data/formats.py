@@ -8,6 +8,8 @@ A format is detected from a record's keys (first match below) unless one is give
   ShareGPT);
 - `verl` (prompt): `prompt` (a chat), `reward_model.ground_truth`, `data_source`, `images`?, `extra_info`?;
 - `easyr1` (prompt): `problem`, `answer`, `images`?;
+- `trl` (prompt): TRL's GRPO datasets: `prompt` (a string or a chat), `solution` (or `answer`; a worked solution is
+  read from its last `\\boxed{}`), `image` / `images`?;
 - `obelics` (document): `texts`, `images` (equal lengths, None where the other modality sits);
 - `text` (document): `text`, `images`?, `videos`? (FineWeb-style corpora, captions with placeholders);
 - `webdataset` (document): a tar shard's `key.jpg|png|webp` + `key.txt|json` (caption under `caption`/`text`);
@@ -325,21 +327,41 @@ def _answer(value: Any) -> str:
     return str(value).strip()
 
 
-def _verl(row: dict, base: Path | None) -> Record:
-    turns = _require(row, "prompt", list, "the prompt chat")
-    for i, m in enumerate(turns):
-        if not isinstance(m, dict) or "role" not in m or "content" not in m:
-            raise _bad(f"prompt[{i}] is not a {{'role', 'content'}} dict")
-    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
-    answer = _answer(truth)
-    images, videos = _media_list(row, "images", "image", base), _media_list(row, "videos", "video", base)
-    messages = _chat([(m["role"], m["content"], f"prompt[{i}]") for i, m in enumerate(turns)], images, videos, base,
-                     need_assistant=False)
+def _prompt_messages(row: dict, base: Path | None, *, text_allowed: bool = False) -> list[dict[str, Any]]:
+    """The messages of an RL row's `prompt`: a chat (a list of `{'role', 'content'}` dicts ending with a user turn),
+    or with `text_allowed` a string (one user turn), with the row's `images` / `videos` at their placeholders."""
+    prompt = row.get("prompt")
+    if text_allowed and isinstance(prompt, str):
+        if not prompt.strip():
+            raise _bad("'prompt' is empty; give the question (text, <image> placeholders)")
+        turns = [("user", prompt, "'prompt'")]
+    else:
+        chat = _require(row, "prompt", list, "the prompt chat")
+        for i, m in enumerate(chat):
+            if not isinstance(m, dict) or "role" not in m or "content" not in m:
+                raise _bad(f"prompt[{i}] is not a {{'role', 'content'}} dict")
+        turns = [(m["role"], m["content"], f"prompt[{i}]") for i, m in enumerate(chat)]
+    images = _media_list(row, "images" if row.get("images") is not None else "image", "image", base)
+    videos = _media_list(row, "videos", "video", base)
+    messages = _chat(turns, images, videos, base, need_assistant=False)
     if not messages or messages[-1]["role"] != "user":
         raise _bad("the prompt does not end with a user turn")
+    return messages
+
+
+def _verl(row: dict, base: Path | None) -> Record:
+    truth = (row.get("reward_model") or {}).get("ground_truth") if isinstance(row.get("reward_model"), dict) else None
+    answer = _answer(truth)
+    messages = _prompt_messages(row, base)
     extra = row.get("extra_info") if isinstance(row.get("extra_info"), dict) else {}
     return Record("prompt", messages=messages, answer=answer, task=str(row.get("data_source") or "verl"),
                   meta={"extra_info": extra})
+
+
+def _trl(row: dict, base: Path | None) -> Record:
+    answer = _answer(row["solution"] if "solution" in row else row.get("answer"))
+    messages = _prompt_messages(row, base, text_allowed=True)
+    return Record("prompt", messages=messages, answer=answer, task=str(row.get("data_source") or "trl"))
 
 
 def _easyr1(row: dict, base: Path | None) -> Record:
@@ -417,6 +439,7 @@ FORMATS: dict[str, Format] = {f.name: f for f in (
     Format("sharegpt", "chat", lambda r: "conversations" in r, _sharegpt),
     Format("verl", "prompt", lambda r: "prompt" in r and "reward_model" in r, _verl),
     Format("easyr1", "prompt", lambda r: "problem" in r and "answer" in r, _easyr1),
+    Format("trl", "prompt", lambda r: "prompt" in r and ("solution" in r or "answer" in r), _trl),
     Format("obelics", "document", lambda r: "texts" in r and "images" in r, _obelics),
     Format("text", "document", lambda r: "text" in r, _text),
     Format("webdataset", "document", lambda r: "__key__" in r, _webdataset),

@@ -300,3 +300,22 @@ def test_inline_data_uri_images(tmp_path):
     with pytest.raises(InvalidMediaError, match="only local paths") as err:  # a long URL is shortened too
         MediaRef("image", "https://example.com/" + "x" * 5000 + ".png", tmp_path).load()
     assert len(str(err.value)) < 300
+
+
+def test_trl_grpo_rows():
+    """TRL's GRPO datasets (`prompt` as a string or a chat, `solution` or `answer`, `image` for VLMs) were refused
+    ("more than 100 bad records in a row" from `train rl`); a worked `solution` is read from its last box, and a verl
+    row keeps its schema."""
+    text = parse({"prompt": "What is 7 + 5?", "solution": r"7 + 5 = 12, so the answer is \boxed{12}."})
+    assert (text.format, text.kind, text.reward, text.answer, text.task) == ("trl", "prompt", "number", "12", "trl")
+    assert text.messages == [{"role": "user", "content": [{"type": "text", "text": "What is 7 + 5?"}]}]
+    chat = parse({"prompt": [{"role": "system", "content": "Think."}, {"role": "user", "content": "<image>Colour?"}],
+                  "answer": "red", "image": "cat.png"})
+    assert chat.format == "trl" and [m["role"] for m in chat.messages] == ["system", "user"]
+    assert [r.value for r in chat.media()] == ["cat.png"] and chat.reward == "exact"
+    assert parse({"prompt": [{"role": "user", "content": "Q"}], "reward_model": {"ground_truth": "4"},
+                  "answer": "x"}).format == "verl"
+    with pytest.raises(BadRecordError, match="'prompt' is empty"):
+        parse({"prompt": " ", "solution": "1"})
+    with pytest.raises(BadRecordError, match="does not end with a user turn"):
+        parse({"prompt": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "solution": "1"})
