@@ -102,9 +102,15 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
     ) -> tuple[torch.LongTensor | None, dict]:
         """transformers' expansion of the batch for `num_return_sequences` and beam search, with the media repeated
         per sample (`repeat_media_per_sample`): media tensors have one row per patch and per grid, not per sample,
-        so transformers' `repeat_interleave` of every tensor would hand each copy of a sample other pixels."""
+        so transformers' `repeat_interleave` of every tensor would hand each copy of a sample other pixels.
+
+        With a cache continued (a next turn), the media are those of the ids it has not read: `input_ids` past its
+        length when they hold the whole conversation (an `attention_mask` as long as them), else all of them."""
         media = {}
         if expand_size > 1 and input_ids is not None:
+            cache, mask = model_kwargs.get("cache"), model_kwargs.get("attention_mask")
+            seen = cache.get_seq_length() if cache is not None else 0
+            new_ids = input_ids[:, seen:] if mask is None or mask.shape[1] == input_ids.shape[1] else input_ids
             for kind, token_id, pixels_key, grid_key in (
                 ("image", self.config.image_token_id, "pixel_values", "image_grid_thw"),
                 ("video", self.config.video_token_id, "pixel_values_videos", "video_grid_thw"),
@@ -113,7 +119,7 @@ class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGeneratio
                 if pixels is not None and grid is not None:
                     del model_kwargs[pixels_key], model_kwargs[grid_key]
                     media[pixels_key], media[grid_key] = repeat_media_per_sample(
-                        input_ids == token_id, pixels, grid, self.media_token_counts(grid), expand_size, kind
+                        new_ids == token_id, pixels, grid, self.media_token_counts(grid), expand_size, kind
                     )
         input_ids, model_kwargs = super()._expand_inputs_for_generation(
             expand_size, is_encoder_decoder, input_ids, **model_kwargs

@@ -207,6 +207,29 @@ def test_num_return_sequences_and_beams_repeat_each_samples_own_media():
 
 
 @torch.no_grad()
+def test_a_next_turn_with_its_own_image_and_several_replies_continues_the_cache():
+    """`generate(whole conversation, cache=turn 1's cache, pixel_values=turn 2's images, num_return_sequences=3)`
+    (or beams): the media are matched to the placeholders the cache has not read, and every reply equals the one
+    of the same call without a cache over all the conversation's images."""
+    model = tiny_vl()
+    (p1, g1), (p2, g2), (p3, g3) = image(2, 4), image(2, 2), image(2, 2)
+    ids, mask = _left_pad([sample([3, 4], [g1], [6]), [3, 4, 6]])
+    kw = dict(pad_token_id=PAD, eos_token_id=None, suppress_tokens=[IMG, VID])
+    turn2 = torch.tensor([sample([13], [g2], [14]), sample([13], [g3], [14])])
+    new = dict(pixel_values=torch.cat([p2, p3]), image_grid_thw=torch.tensor([g2, g3]))
+    every = dict(pixel_values=torch.cat([p1, p2, p3]), image_grid_thw=torch.tensor([g1, g2, g3]))
+    for gen in (dict(do_sample=True, num_return_sequences=3), dict(do_sample=False, num_beams=2, num_return_sequences=2)):
+        first = model.generate(ids, attention_mask=mask, max_new_tokens=2, do_sample=False, return_dict_in_generate=True,
+                               pixel_values=p1, image_grid_thw=torch.tensor([g1]), **kw)
+        seq = torch.cat([first.sequences, turn2], 1)
+        mask2 = torch.cat([mask, torch.ones(2, 2 + turn2.shape[1], dtype=torch.long)], 1)
+        torch.manual_seed(1)
+        got = model.generate(seq, attention_mask=mask2, cache=first.cache, max_new_tokens=4, **gen, **kw, **new)
+        torch.manual_seed(1)
+        assert torch.equal(got, model.generate(seq, attention_mask=mask2, max_new_tokens=4, **gen, **kw, **every))
+
+
+@torch.no_grad()
 def test_video_and_image_in_one_prompt_with_cache():
     model = tiny_vl()
     pi, gi = image(2, 4)

@@ -285,13 +285,23 @@ class Engine:
     def generate(
         self, requests: Sequence[GenerationRequest], *, max_new_tokens: int, stop: Sequence[str] = ()
     ) -> list[str]:
-        """Greedy continuations of one batch of requests (left-padded), new text only."""
+        """Greedy continuations of one batch of requests (left-padded), new text only. A batch mixing raw and chat
+        prompts runs as one batch of each: raw prompts get the tokenizer's special tokens (BOS), rendered chats
+        already hold theirs, and one tokenizer call adds them to all its texts or to none."""
         from transformers import GenerationConfig, StoppingCriteriaList
 
         if not requests:
             return []
+        is_chat = [r.chat and self.has_chat_template for r in requests]
+        if len(set(is_chat)) > 1:
+            outputs = {
+                kind: iter(self.generate([r for r, c in zip(requests, is_chat) if c == kind],
+                                         max_new_tokens=max_new_tokens, stop=stop))
+                for kind in (False, True)
+            }
+            return [next(outputs[c]) for c in is_chat]
         texts = [self.render(r) for r in requests]
-        chat = any(r.chat and self.has_chat_template for r in requests)
+        chat = is_chat[0]
         images = [r.image for r in requests if r.image is not None] if self.supports_images else []
         side, self.tokenizer.padding_side = self.tokenizer.padding_side, "left"  # restored below: may be shared
         try:

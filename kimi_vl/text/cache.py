@@ -180,7 +180,8 @@ class HybridCacheGenerationMixin:
     """For `GenerationMixin` models whose text backbone is Kimi's: `generate()` checks its prompt ids and gets a
     `KimiHybridCache` (built from `config.get_text_config()`, preallocated for the prompt and the new tokens) unless
     the caller passes a cache or turns caching off; a `cache_implementation` other than "dynamic" is ignored with a
-    warning."""
+    warning. A cache passed in with `num_beams` or `num_return_sequences` > 1 (continuing a conversation with several
+    replies) is repeated for every copy of its rows, as the prompt ids are."""
 
     def generate(self, inputs: torch.Tensor | None = None, *args: Any, **kwargs: Any) -> Any:
         """transformers' `generate`; prompt ids must be `[B, T]` with T >= 1, each in the vocabulary or a media
@@ -210,9 +211,14 @@ class HybridCacheGenerationMixin:
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
     ) -> None:
-        if model_kwargs.get("cache") is None and generation_config.use_cache is not False:
+        cache = model_kwargs.get("cache")
+        if cache is None and generation_config.use_cache is not False:
             model_kwargs["cache"] = KimiHybridCache(self.config.get_text_config(), max_cache_length)
-        else:
-            super()._prepare_cache_for_generation(
-                generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
-            )
+            return
+        expand = max(generation_config.num_beams, generation_config.num_return_sequences)
+        if isinstance(cache, KimiHybridCache) and expand > 1 and cache.batch_size == batch_size:
+            # a cache continued with num_beams / num_return_sequences: one copy per copy of its row, as the inputs
+            cache.batch_repeat_interleave(expand)
+        super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+        )

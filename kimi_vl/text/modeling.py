@@ -139,10 +139,16 @@ def build_mla_mask(
 
 def one_cache(cache: KimiHybridCache | None, past_key_values: KimiHybridCache | None) -> KimiHybridCache | None:
     """The cache a forward continues: `cache`, or `past_key_values` (transformers' name for it, which
-    `outputs.past_key_values` reads back), the same object when both are given."""
+    `outputs.past_key_values` reads back), the same object when both are given. Another kind of cache (e.g.
+    transformers' `DynamicCache`, which has no KDA state) is refused."""
     if cache is not None and past_key_values is not None and cache is not past_key_values:
         raise ConfigError("Pass the cache as `cache` or as `past_key_values` (the same argument), not two caches.")
-    return cache if cache is not None else past_key_values
+    cache = cache if cache is not None else past_key_values
+    if cache is not None and not isinstance(cache, KimiHybridCache):
+        raise ConfigError(f"a {type(cache).__name__} cannot hold this model's inference state (KDA recurrent states "
+                          "and MLA latents): pass a KimiHybridCache(model.config.get_text_config()), or no cache and "
+                          "let the forward or generate() create one (outputs.cache returns it).")
+    return cache
 
 
 def refuse_attention_outputs(kwargs: dict, config: PretrainedConfig) -> None:

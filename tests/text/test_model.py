@@ -5,6 +5,7 @@ import warnings
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import DynamicCache
 
 from kimi_vl.errors import ConfigError, ShapeError
 from kimi_vl.text import KimiHybridCache, KimiTextConfig, KimiTextForCausalLM
@@ -137,6 +138,19 @@ def test_past_key_values_is_taken_as_the_cache():
     assert out.past_key_values.get_seq_length() == 20
 
 
+@torch.no_grad()
+@pytest.mark.filterwarnings("ignore:`past_key_values` is deprecated:FutureWarning")  # transformers' own, on generate
+def test_a_transformers_dynamic_cache_is_refused_with_what_to_pass():
+    """`past_key_values=DynamicCache()` (transformers' usual way to hand `generate` a cache) cannot hold KDA states:
+    refused up front, naming the cache to pass, instead of an AttributeError inside the first KDA layer."""
+    model = tiny_model()
+    ids = torch.randint(3, 61, (1, 6))
+    with pytest.raises(ConfigError, match="DynamicCache cannot hold .* pass a KimiHybridCache"):
+        model.generate(ids, past_key_values=DynamicCache(), max_new_tokens=2, pad_token_id=0)
+    with pytest.raises(ConfigError, match="DynamicCache cannot hold"):
+        model(ids, cache=DynamicCache())
+
+
 @pytest.mark.parametrize("layer_types", [None, ["kda"] * 4, ["mla_rope"] * 4])
 @torch.no_grad()
 def test_generate_continues_from_a_returned_cache(layer_types):
@@ -149,6 +163,23 @@ def test_generate_continues_from_a_returned_cache(layer_types):
     assert first.cache.get_seq_length() == 18  # the last new token is not fed yet
     more = model.generate(first.sequences, cache=first.cache, max_new_tokens=6, **kw)
     assert torch.equal(more, model.generate(ids, max_new_tokens=10, **kw))
+
+
+@torch.no_grad()
+def test_a_returned_cache_continues_with_several_replies_per_row():
+    """A next turn continuing a batch's cache with `num_return_sequences` / `num_beams` > 1 gives the replies of the
+    same call without a cache (every copy of a row continues that row's state)."""
+    model = tiny_model()
+    ids = torch.randint(3, 61, (2, 9))
+    kw = dict(pad_token_id=0, eos_token_id=None)
+    first = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, **kw)
+    turn = torch.cat([first.sequences, torch.randint(3, 61, (2, 2))], 1)
+    for gen in (dict(do_sample=True, num_return_sequences=3), dict(do_sample=False, num_beams=2, num_return_sequences=2)):
+        cache = model.generate(ids, max_new_tokens=3, do_sample=False, return_dict_in_generate=True, **kw).cache
+        torch.manual_seed(1)
+        got = model.generate(turn, cache=cache, max_new_tokens=4, **gen, **kw)
+        torch.manual_seed(1)
+        assert torch.equal(got, model.generate(turn, max_new_tokens=4, **gen, **kw))
 
 
 @torch.no_grad()
