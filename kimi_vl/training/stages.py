@@ -158,11 +158,22 @@ def _same_weights(recorded: list[dict[str, Any]] | None, from_dir: str | Path) -
 
 
 def _same_from(was: str | None, recorded: list[dict[str, Any]] | None, from_dir: str | Path) -> bool:
-    """Whether a run recorded as started from `was` (whose weights were `recorded`) started from `from_dir`: the same
-    folder (recorded absolute; runs before that: relative to where they were started), or one with the same weights
-    (a run folder moved or copied elsewhere)."""
-    same_path = was is not None and Path(was).resolve() == Path(from_dir).resolve()
-    return same_path or _same_weights(recorded or weights_fingerprint(was), from_dir)
+    """Whether a run recorded as started from `was` (whose weights were `recorded`) started from `from_dir`: a folder
+    with the recorded weights (a run folder moved or copied elsewhere too; the same folder holding other weights, a
+    checkpoint trained again in place, is not); for runs that recorded no weights, the same folder (recorded absolute;
+    runs before that: relative to where they were started) or one with the weights still there."""
+    if recorded is not None:
+        return _same_weights(recorded, from_dir)
+    return _same_folder(was, from_dir) or _same_weights(weights_fingerprint(was), from_dir)
+
+
+def _same_folder(was: str | None, from_dir: str | Path) -> bool:
+    return was is not None and Path(was).resolve() == Path(from_dir).resolve()
+
+
+def _weights_changed(was: str | None, from_dir: str | Path) -> str:
+    """A note for a `from` that `_same_from` refused although it names the recorded folder: its weights changed."""
+    return " (the same folder, whose weights have changed since)" if _same_folder(was, from_dir) else ""
 
 
 ORIGIN = "origin.json"
@@ -179,7 +190,8 @@ def _check_origin(out_dir: Path, from_dir: str | Path) -> None:
         if was is not None and not _same_from(was["from"], was["from_weights"], from_dir):
             raise ConfigError(
                 f"{out_dir} holds an unfinished run started from {was['from']}, and resuming it goes on from its "
-                f"training checkpoint, trained from that one, not from {from_dir}. Resume it with --from "
+                f"training checkpoint, trained from that one, not from {from_dir}"
+                f"{_weights_changed(was['from'], from_dir)}. Resume it with --from "
                 f"{was['from']}, or write the new run to another --out (or delete {out_dir}).")
         return
     if is_main_process():
@@ -210,7 +222,7 @@ def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None)
         summary = read_summary(out_dir) or {}
         was = summary.get("from")
         if not _same_from(was, summary.get("from_weights"), from_dir):
-            changes.append(f"from {was!r} -> {str(from_dir)!r}")
+            changes.append(f"from {was!r} -> {str(from_dir)!r}{_weights_changed(was, from_dir)}")
     if changes:
         raise ConfigError(
             f"{out_dir} holds a finished {cfg.stage} run with other settings ({'; '.join(changes)}), and a finished "

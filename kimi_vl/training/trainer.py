@@ -444,12 +444,16 @@ class Trainer:
                         f"{resume}.")
                 can_checkpoint = self.training_step.can_checkpoint(self.step)
                 time_up = cfg.max_minutes is not None and time.monotonic() - started >= 60 * cfg.max_minutes
-                stop_now = (self.step < cfg.steps and any_rank(stop.received is not None or time_up,
-                                                               self.accelerator.device) and can_checkpoint)
+                # a signal at the last step (checkpointed whatever the step allows) stops the run there too, so that
+                # a caller running several stages or runs does not go on to the next; a time limit reached there does
+                # not: the run is done
+                at_end = self.step == cfg.steps
+                stop_now = (any_rank(stop.received is not None or (time_up and not at_end), self.accelerator.device)
+                            and (can_checkpoint or at_end))
                 # due once a multiple of checkpoint_every has passed since the last one: where that step cannot be
                 # checkpointed (RL: inside a rollout batch), at the next one that can
                 due = self.step // cfg.checkpoint_every > checkpointed // cfg.checkpoint_every
-                if (due and can_checkpoint) or self.step == cfg.steps or stop_now:
+                if (due and can_checkpoint) or at_end or stop_now:
                     self.save_state()
                     checkpointed = self.step
                 if stop_now:

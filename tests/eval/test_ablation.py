@@ -71,7 +71,7 @@ def test_ablation_evaluates_each_benchmark_on_its_own_item_count(tmp_path, monke
     monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: None)
     monkeypatch.setattr(ablation, "read_summary", lambda path: {})
     monkeypatch.setattr(ablation.Engine, "from_pretrained",
-                        classmethod(lambda cls, model_dir, **kwargs: "sft" if str(model_dir) == "sft" else "rl"))
+                        classmethod(lambda cls, model_dir, **kwargs: "sft" if Path(model_dir).name == "sft" else "rl"))
     monkeypatch.setattr(ablation, "evaluate", fake_evaluate)
     monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
     result = ablation.vision_rl_ablation("sft", tmp_path, seeds=2, limit=limit, data_dir=data_dir, progress=False)
@@ -113,6 +113,27 @@ def test_ablation_shows_the_whole_jobs_progress(tmp_path, monkeypatch):
     lines = [line for line in log.getvalue().splitlines() if line.startswith("vision-rl ablation")]
     assert lines[0] == "vision-rl ablation [text, seed 0]: 2/4 (50%), 00:00 elapsed" and lines[-1].startswith(
         "vision-rl ablation [done]: 4/4 (100%)")
+
+
+def test_a_rerun_with_paths_spelled_otherwise_evaluates_the_same_engines(tmp_path, monkeypatch):
+    """The response caches are keyed on the evaluated engine's name: a rerun that gives --from and --out as absolute
+    paths instead of relative ones (or from another directory) names every model as the first run did, so its
+    cached responses are reused rather than generated again."""
+    from kimi_vl.eval import ablation
+
+    names = []
+    monkeypatch.setattr(ablation, "rl", lambda *args, **kwargs: None)
+    monkeypatch.setattr(ablation, "read_summary", lambda path: {})
+    monkeypatch.setattr(ablation.Engine, "from_pretrained",
+                        classmethod(lambda cls, model_dir, **kwargs: names.append(str(model_dir))))
+    monkeypatch.setattr(ablation, "evaluate", lambda engine, benchmarks, out_dir, config: {"benchmarks": {
+        benchmarks[0]: {"accuracy": 0.5, "chance": 0.1, "constant": 0.2}}})
+    monkeypatch.setattr(ablation, "plot_ablation", lambda result, path: path)
+    monkeypatch.chdir(tmp_path)
+    ablation.vision_rl_ablation("sft", "out", seeds=2, limit=1, progress=False)
+    first, names[:] = names[:], []
+    ablation.vision_rl_ablation(tmp_path / "sft", tmp_path / "out", seeds=2, limit=1, progress=False)
+    assert names == first and len(first) == 5 and first[0] == str(tmp_path.resolve() / "sft")
 
 
 def test_a_single_seed_writes_standard_json(tmp_path, monkeypatch):

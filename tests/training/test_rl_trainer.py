@@ -132,6 +132,30 @@ def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_
     assert [m["step"] for m in read_metrics(tmp_path / "rl" / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_stop_signal_in_the_last_step_stops_the_stage(checkpoint, tmp_path, monkeypatch):
+    """SIGTERM in the last step, mid rollout batch (3 steps, 2 updates per batch): the stage stops with the last
+    step's checkpoint instead of finishing, so that `kimi-vl ablate vision-rl` (a run per arm and seed) does not go
+    on to its next RL run after announcing the stop; the rerun only writes the checkpoint directory."""
+    backward = RLStep.backward
+
+    def signalled(self, trainer):
+        if trainer.step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return backward(self, trainer)
+
+    monkeypatch.setattr(RLStep, "backward", signalled)
+    kwargs = dict(steps=3, updates_per_batch=2, checkpoint_every=100, prompts_per_family=1, k=2, max_new_tokens=4,
+                  progress=False)
+    with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 3 of 3"):
+        rl(checkpoint, tmp_path / "rl", **kwargs)
+    assert [p.name for p in list_checkpoints(tmp_path / "rl" / "state")] == ["step_00000003"]
+    assert read_summary(tmp_path / "rl") is None
+    monkeypatch.setattr(RLStep, "backward", backward)
+    rl(checkpoint, tmp_path / "rl", **kwargs)
+    assert read_summary(tmp_path / "rl")["complete"]
+    assert [m["step"] for m in read_metrics(tmp_path / "rl" / "metrics.jsonl")] == [1, 2, 3]
+
+
 def test_grpo_kl_is_to_the_from_checkpoint(checkpoint, tmp_path):
     """`kimi-vl train rl --algorithm grpo --kl-coef 0.01` holds the --from checkpoint fixed as GRPO's reference (it
     crashed at the first rollout batch, telling the user to "pass ref_model to rollout"): the first update starts

@@ -163,6 +163,24 @@ def test_resuming_from_another_checkpoint_is_refused_not_ignored(pretrained, tmp
     assert sft(tmp_path / "copy", out, steps=2, **settings) == out
 
 
+def test_a_from_checkpoint_trained_again_in_place_is_another_start(tmp_path):
+    """A stage (an ablation's RL run) that recorded its `from` weights is the same run only from those weights: a
+    copy of them anywhere counts, the same folder holding other weights (the SFT checkpoint trained again in place)
+    does not, so a rerun refuses it rather than pass off runs from the old weights as runs from the new ones. Runs
+    that recorded no weights are matched by their folder."""
+    from kimi_vl.training.stages import _same_from, weights_fingerprint
+
+    ckpt = tmp_path / "sft"
+    ckpt.mkdir()
+    save_file({"w": torch.zeros(4)}, ckpt / "model.safetensors")
+    recorded = weights_fingerprint(ckpt)
+    shutil.copytree(ckpt, tmp_path / "copy")
+    assert _same_from(str(ckpt), recorded, ckpt) and _same_from(str(ckpt), recorded, tmp_path / "copy")
+    save_file({"w": torch.ones(4)}, ckpt / "model.safetensors")
+    assert not _same_from(str(ckpt), recorded, ckpt)
+    assert _same_from(str(ckpt), None, ckpt)
+
+
 def test_a_run_killed_while_saving_its_processor_starts_again(pretrained, tmp_path):
     """Killed between the tokenizer's files and `processor_config.json` (the processor's, written last), the rerun
     builds and saves the processor again, rather than fail on the half-saved one with transformers' OSError."""

@@ -506,6 +506,17 @@ def test_a_stop_signal_ends_the_run_after_its_step_with_a_checkpoint(tmp_path, c
                                                                      for m in want]
 
 
+def test_a_stop_signal_in_the_last_step_stops_too(tmp_path):
+    """SIGTERM in the last step: the run stops there with its checkpoint rather than returning as finished, so that a
+    caller running several runs (the Vision-RL ablation, the quickstart's stages) does not go on to the next after
+    announcing the stop; the rerun resumes at the end."""
+    cut = tmp_path / "cut"
+    with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 8 of 8 with a checkpoint"):
+        Trainer(tiny_lm(), SignalAt({7: [signal.SIGTERM]}), cfg(checkpoint_every=100), cut).train()
+    assert [p.name for p in ckpt.list_checkpoints(cut / "state")] == ["step_00000008"]
+    assert Trainer(tiny_lm(), CountingData(), cfg(checkpoint_every=100), cut).train()["step"] == 8
+
+
 def test_a_second_ctrl_c_stops_at_once(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         Trainer(tiny_lm(), SignalAt({2: [signal.SIGINT, signal.SIGINT]}), cfg(checkpoint_every=100), tmp_path).train()
