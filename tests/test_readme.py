@@ -39,6 +39,19 @@ def test_processor_example(tmp_path, monkeypatch):
     assert inputs["pixel_values"].shape[1:] == (3, 14, 14) and "pixel_values_videos" in inputs
 
 
+def test_vision_example_processors(tmp_path, monkeypatch):
+    """The vision example's processor lines run as printed (the model lines need the user's own configs)."""
+    monkeypatch.chdir(tmp_path)
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (50, 70, 3), dtype=np.uint8)).save("photo.jpg")
+    write_video(tmp_path / "clip.mp4", 8, 4)  # 2 s: 4 frames at 2 fps
+    block = python_block("load_video(")
+    scope = {}
+    exec(block[: block.index("config = ")], scope)
+    assert scope["images"].image_grid_thw.tolist() == [[1, 4, 6]]
+    assert scope["images"].pixel_values.shape == (24, 3, 14, 14)
+    assert scope["video"].video_grid_thw.tolist() == [[4, 4, 6]]
+
+
 def notebook_reply(root: Path) -> str:
     """What the README's notebook example prints, run in `root` (whose `runs/quickstart/model` it loads)."""
     cwd, printed = Path.cwd(), StringIO()

@@ -53,6 +53,12 @@ def test_update_rms_matches_adamw():
     assert 0.15 < rms < 0.22
 
 
+def test_positional_lr_and_weight_decay():
+    """`MuonClip(model, lr, weight_decay)` as DESIGN.md and `torch.optim.Muon(params, lr, weight_decay)` take them."""
+    opt = MuonClip(nn.Linear(8, 8), 0.02, 0.05)
+    assert {(g["lr"], g["weight_decay"]) for g in opt.param_groups} == {(0.02, 0.05)}
+
+
 def _fp32_ns(grad, ns_coefficients, ns_steps, eps):
     return zeropower_via_newtonschulz(grad, ns_steps, eps, dtype=torch.float32)
 
