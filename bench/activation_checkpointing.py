@@ -12,6 +12,7 @@ each round and the ratios (with / without) as median [min, max].
 from __future__ import annotations
 
 import argparse
+import hashlib
 
 import torch
 from common import TINY_TEXT, median_time, peak_rss_mib, run_isolated, spread
@@ -36,8 +37,10 @@ def _worker(checkpointing: bool, args: argparse.Namespace, queue) -> None:
     base = peak_rss_mib()
     step()
     peak = peak_rss_mib() - base
-    checksum = float(sum(p.grad.double().square().sum() for p in model.parameters() if p.grad is not None))
-    queue.put(dict(time=median_time(step, args.steps, warmup=0), peak=peak, grad=checksum))
+    digest = hashlib.sha256()  # every gradient's bytes, in parameter order: equal digests = bit-identical
+    for name, p in model.named_parameters():
+        digest.update(name.encode() + (b"" if p.grad is None else p.grad.numpy().tobytes()))
+    queue.put(dict(time=median_time(step, args.steps, warmup=0), peak=peak, grad=digest.hexdigest()))
 
 
 def main() -> None:

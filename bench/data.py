@@ -38,7 +38,7 @@ def write_data(root: Path, rows: int) -> dict[str, Path]:
 
     root.mkdir(parents=True, exist_ok=True)
     paths = {"jsonl": root / f"chats_{rows}.jsonl", "parquet": root / f"chats_{rows}.parquet",
-             "text": root / "chats_text.jsonl"}
+             "text": root / f"chats_text_{min(rows, 100_000)}.jsonl"}  # named by row count: reused only when current
     if all(p.is_file() for p in paths.values()):
         return paths
     (root / "img").mkdir(exist_ok=True)

@@ -75,7 +75,8 @@ def tokens_to_reach(target: float, opt: str, lrs: dict[float, float], steps: int
         tokens, loss = m[-1]["tokens"], final_val(m)
         print(f"  {opt} budget x{b}: val {loss:.4f} (target {target:.4f})", flush=True)
         if loss <= target:
-            if prev is None:
+            if prev is None:  # no budget above `target` to interpolate from: fewer tokens may do
+                print(f"  {opt} reached it at its smallest budget x{b}: the ratio is at most x{b}", flush=True)
                 return tokens
             t0, l0 = prev
             frac = (l0 - target) / (l0 - loss)

@@ -139,7 +139,7 @@ def main() -> None:
         print(f"\n== {kind}: lr {args.lr}, tau {args.tau}, batch {args.batch}, {args.steps} steps "
               f"({time.perf_counter() - t0:.0f} s)")
         print(f"{'step':>6} {'max logit, no clip':>19} {'with QK-Clip':>13} {'heads clipped':>14}")
-        for i in list(range(0, args.steps, every)) + [args.steps - 1]:
+        for i in sorted({*range(0, args.steps, every), args.steps - 1}):  # the last step once
             print(f"{i:>6} {free['max'][i]:>19.2f} {clipped['max'][i]:>13.2f} {clipped['clipped'][i]:>14.2f}")
         print(f"final max / tau: no clip {free['max'][-1] / args.tau:.2f}, with QK-Clip "
               f"{clipped['max'][-1] / args.tau:.3f}")
