@@ -28,14 +28,17 @@ paths (read with decord by the video processor). Frames without a rate are taken
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
+from transformers.utils.chat_template_utils import render_jinja_template
 
 from ..errors import ConfigError, InvalidMediaError, ShapeError
+from ..processing import _base64_as_data_uri
 from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
 from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE, MEDIA_END, MEDIA_START
 from ..vision.media import VideoFrames
@@ -129,11 +132,16 @@ def end_token_ids(tokenizer: Any) -> list[int]:
 
 
 # -------------------------------------------------------------------------------------------------------------- media
+def is_video_file(video: Any) -> bool:
+    """Whether `video` is a file path (`str`, `bytes` or `os.PathLike`), which the video processor reads with decord."""
+    return isinstance(video, (str, bytes)) or hasattr(video, "__fspath__")
+
+
 def video_inputs(videos: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
     """Processor inputs for `videos`: decoded frames `[T, H, W, 3]` with `video_metadata` (exact timestamps; a
     `VideoFrames` clip's from its source indices and times, `clip_metadata`) for frame sequences and objects with
     `frames` (and `fps`), paths as they are (all videos must then be paths)."""
-    if all(isinstance(v, (str, bytes)) or hasattr(v, "__fspath__") for v in videos):
+    if all(is_video_file(v) for v in videos):
         return list(videos), {}
     arrays, metadata = [], []
     for v in videos:
@@ -157,31 +165,61 @@ def video_inputs(videos: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
 
 def process(processor: Any, text: str, images: Sequence[Any] = (), videos: Sequence[Any] = (),
             **kwargs: Any) -> tuple[list[int], dict[str, torch.Tensor]]:
-    """Token ids of `text` (special tokens recognised, media placeholders expanded) and the media tensors."""
+    """Token ids of `text` (special tokens recognised, media placeholders expanded) and the media tensors. Video
+    files among decoded videos are read as the video processor reads files (`MoonViTVideoProcessor.read_video`:
+    sampled by its `fps` or `num_frames`, at most `max_frames`), then all go to it as timed frames."""
+    ids, media, _ = _process(processor, text, images, videos, offsets=False, **kwargs)
+    return ids, media
+
+
+def _process(processor: Any, text: str, images: Sequence[Any], videos: Sequence[Any], *, offsets: bool,
+             **kwargs: Any) -> tuple[list[int], dict[str, torch.Tensor], list[tuple[int, int]] | None]:
+    """`process`, and with `offsets` each token's character range `(start, end)` in `text` (the tokens an expanded
+    media placeholder became get the placeholder's range; None without `offsets`). Offsets need a fast tokenizer."""
     if not images and not videos:
-        return tokenizer_of(processor)(text, add_special_tokens=False)["input_ids"], {}
+        out = tokenizer_of(processor)(text, add_special_tokens=False, return_offsets_mapping=offsets)
+        return out["input_ids"], {}, [tuple(o) for o in out["offset_mapping"]] if offsets else None
     if processor is tokenizer_of(processor):
         raise ConfigError("the text has images or videos: pass a KimiVLProcessor (not a bare tokenizer).")
     if videos:
+        video_processor = getattr(processor, "video_processor", None)
+        if not all(is_video_file(v) for v in videos):  # files among decoded videos: read as the processor reads them
+            videos = [video_processor.read_video(os.fsdecode(v), **kwargs) if is_video_file(v) else v for v in videos]
         frames, video_kwargs = video_inputs(videos)
-        fps = getattr(getattr(processor, "video_processor", None), "fps", None)
+        fps = getattr(video_processor, "fps", None)
         for meta in video_kwargs.get("video_metadata", []):  # frames without a rate: sampled at the processor's
             if meta.fps is None:
                 meta.fps = fps
         kwargs = {**video_kwargs, **kwargs}
     else:
         frames = None
+    if offsets:
+        kwargs = {**kwargs, "return_offsets_mapping": True, "return_text_replacement_offsets": True}
     out = processor(text=text, images=list(images) or None, videos=frames, **kwargs)
     ids = out["input_ids"]
     ids = ids.tolist() if hasattr(ids, "tolist") else ids
     media = {k: torch.as_tensor(out[k]) for k in MEDIA_KEYS if out.get(k) is not None}
-    return list(ids[0]), media
+    if not offsets:
+        return list(ids[0]), media, None
+    ranges = []  # from the expanded text back to `text`: a replacement's new_span ends `end - old_end` chars later
+    for start, end in out["offset_mapping"][0]:
+        shift = 0
+        for r in out["text_replacement_offsets"][0]:
+            (old_start, old_end), (new_start, new_end) = r["span"], r["new_span"]
+            if start >= new_end:
+                shift = new_end - old_end
+            elif end > new_start:  # inside the expansion
+                start, end, shift = old_start, old_end, 0
+                break
+        ranges.append((int(start) - shift, int(end) - shift))
+    return list(ids[0]), media, ranges
 
 
 def message_media(messages: Sequence[dict[str, Any]]) -> tuple[list[Any], list[Any]]:
-    """The images and videos of a conversation's content parts, in order."""
+    """The images and videos of a conversation's content parts, in order (an image under `image`, `path`, `url`,
+    `base64` or OpenAI's `image_url`, as `apply_chat_template` reads them)."""
     images, videos = [], []
-    for m in messages:
+    for m in _base64_as_data_uri(list(messages)):
         content = m.get("content")
         if not isinstance(content, (list, tuple)):
             continue
@@ -190,11 +228,13 @@ def message_media(messages: Sequence[dict[str, Any]]) -> tuple[list[Any], list[A
                 continue
             kind = part.get("type")
             if kind in ("image", "image_url"):
-                source = next((part[k] for k in ("image", "path", "url", "image_url") if part.get(k) is not None),
-                              None)
+                source = next((part[k] for k in ("image", "path", "url", "base64", "image_url")
+                               if part.get(k) is not None), None)
+                if isinstance(source, dict):  # OpenAI's {"type": "image_url", "image_url": {"url": ...}}
+                    source = source.get("url")
                 if source is None:
                     raise InvalidMediaError("an image part has no image; give it under 'image' (PIL image or "
-                                            "array), 'path' or 'url'.")
+                                            "array), 'path', 'url' or 'base64'.")
                 images.append(source)
             elif kind == "video":
                 source = next((part[k] for k in ("video", "path", "url") if part.get(k) is not None), None)
@@ -284,9 +324,17 @@ def encode_chat(messages: list[dict[str, Any]], processor: Any) -> Document:
     (`{"type": "image", "image": PIL}`, `{"type": "video", "video": Screencast}`) are expanded by the processor."""
     messages = _check_messages(messages)
     images, videos = message_media(messages)
-    text = render_chat(messages, chat_template=_chat_template(processor))
-    ids, media = process(processor, text, images, videos)
-    mask = assistant_mask(ids, processor)
+    # The assistant turns' character spans, as the template's {% generation %} blocks mark them (what
+    # `apply_chat_template(..., return_assistant_tokens_mask=True)` and TRL's assistant-only loss use): unlike the
+    # token ids, they tell the template's turn markers from special-token strings inside a message's text.
+    # Without spans or offsets (a template without {% generation %}, such as the released Kimi one; a slow
+    # tokenizer) `assistant_mask` reads the ids.
+    (text,), (spans,) = render_jinja_template(conversations=[messages], chat_template=_chat_template(processor),
+                                              return_assistant_tokens_mask=True)
+    by_spans = bool(spans) and getattr(tokenizer_of(processor), "is_fast", False)
+    ids, media, ranges = _process(processor, text, images, videos, offsets=by_spans)
+    mask = ([any(s < span_end and e > span_start for span_start, span_end in spans) for s, e in ranges] if by_spans
+            else assistant_mask(ids, processor))
     if media:
         start, end = special_ids(processor, (MEDIA_START, MEDIA_END))
         inside = False
@@ -396,6 +444,6 @@ def left_pad(rows: Sequence[tuple[torch.Tensor, dict[str, torch.Tensor]]], pad_t
 
 __all__ = [
     "IGNORE_INDEX", "MEDIA_KEYS", "Document", "Media", "Prompt", "as_prompt", "assistant_mask", "encode_chat",
-    "encode_document", "encode_prompt", "encode_sample", "encode_text", "end_token_ids", "left_pad",
+    "encode_document", "encode_prompt", "encode_sample", "encode_text", "end_token_ids", "is_video_file", "left_pad",
     "message_media", "plain_ids", "process", "sample_messages", "special_ids", "tokenizer_of", "video_inputs",
 ]

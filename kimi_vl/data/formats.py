@@ -4,8 +4,9 @@ A format is detected from a record's keys (first match below) unless one is give
 
 - `messages` (chat): `messages` (`role`, `content`: a string or typed parts), `images`?, `videos`? (HF, OpenAI,
   LLaMA-Factory);
-- `sharegpt` (chat): `conversations` (`from`, `value`), `image`? / `images`?, `videos`?, `system`? (LLaVA,
-  ShareGPT);
+- `sharegpt` (chat): `conversations` (`from`, `value`), `image`? / `images`?, `video`? / `videos`?, `system`?
+  (LLaVA, ShareGPT; a record with videos and no image whose turns have one `<image>` per video and no `<video>`, as
+  LLaVA-NeXT's video data (LLaVA-Video-178K, LLaVA-OneVision) marks them, reads those `<image>` as `<video>`);
 - `verl` (prompt): `prompt` (a chat), `reward_model.ground_truth`, `data_source`, `images`?, `extra_info`?;
 - `easyr1` (prompt): `problem`, `answer`, `images`?;
 - `trl` (prompt): TRL's GRPO datasets: `prompt` (a string or a chat), `solution` (or `answer`; a worked solution is
@@ -93,6 +94,9 @@ class MediaRef:
                 raise InvalidMediaError(f"video {short_source(value)!r}: inline data: URIs are read for images only; "
                                         "save the video to a file (or give its frames as a list of images).")
             path = self.resolve_path(value)
+            if os.path.isdir(path.removeprefix("file://")):
+                raise InvalidMediaError(f"video {short_source(path)!r} is a folder; give a video file, or the folder's "
+                                        "frame images as a list of paths in order.")
             if not os.path.isfile(path.removeprefix("file://")):
                 raise InvalidMediaError(f"video file {short_source(path)!r} does not exist; check the path (or "
                                         "--media-root).")
@@ -299,7 +303,12 @@ def _sharegpt(row: dict, base: Path | None) -> Record:
             raise _bad(f"conversations[{i}] is not a {{'from', 'value'}} dict")
     images = _media_list(row, "images" if row.get("images") is not None else "image", "image", base)
     videos = _media_list(row, "videos" if row.get("videos") is not None else "video", "video", base)
-    pairs = [(t["from"], t["value"], f"conversations[{i}]") for i, t in enumerate(turns)]
+    values = [t["value"] for t in turns]
+    texts = "".join(v for v in values if isinstance(v, str))
+    if videos and not images and "<video>" not in texts and texts.count("<image>") == len(videos):
+        # LLaVA-NeXT's video records (LLaVA-Video-178K, LLaVA-OneVision) mark their videos with <image>
+        values = [v.replace("<image>", "<video>") if isinstance(v, str) else v for v in values]
+    pairs = [(t["from"], v, f"conversations[{i}]") for i, (t, v) in enumerate(zip(turns, values))]
     system = row.get("system")
     if system is not None and not isinstance(system, str):
         raise _bad(f"'system' is a {type(system).__name__}, not a string (the system prompt)")

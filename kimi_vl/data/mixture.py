@@ -9,10 +9,12 @@ Read order. Position `p` of a source of `N` records is record `shuffle_e(p mod N
 `shuffle_e` is a bijection of `[0, N)` seeded by `(seed, source, e)` (a Feistel network with cycle walking: nothing
 of size N is stored). Batch `i` reads source `s` from position `floor(i * rate_s)` on, where `rate_s` is the
 source's mean draws per batch (measured once on calibration batches; for RL, prompts per step times the source's
-share). Consecutive batches thus read consecutive stretches of the shuffled order, so an epoch reads every record
-about once (batches that draw more or fewer documents than the mean overlap or skip a few records at their edges),
-and batch `i` stays a pure function of `(seed, i)`: resuming needs no loader state at any scale, with any number of
-data-loader workers or ranks. Streamed sources are read in their own order (position `p` is row `p`).
+share), and its draws take each source's share of positions up to `floor((i + 1) * rate_s)` first, in a random
+order (`Mixture.pick`), before any further draw picks by weight. Consecutive batches thus read consecutive stretches
+of the shuffled order, so an epoch reads every record about once (batches that draw more or fewer documents than the
+mean overlap or skip a few records at their edges), and batch `i` stays a pure function of `(seed, i)`: resuming
+needs no loader state at any scale, with any number of data-loader workers or ranks. Streamed sources are read in
+their own order (position `p` is row `p`).
 
 Bad records. A record that cannot be parsed, whose media cannot be read, or that cannot be encoded into the rows (an
 image longer than a row, a chat longer than a row: a chat is placed whole) is skipped and the source's next position
@@ -35,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..errors import BadRecordError, ConfigError, DataError
-from .encode import Document, Prompt, encode_chat, encode_document, encode_prompt
+from .encode import Document, Prompt, encode_chat, encode_document, encode_prompt, tokenizer_of
 from .formats import Format, Record, error_reason, get_format, parse_record
 from .pack import BatchDraws, PackedStream, media_units, packing_ids
 from .sources import Source
@@ -124,6 +126,7 @@ class Mixture:
         self.reward, self.strict, self.max_bad_in_a_row = reward, strict, max_bad_in_a_row
         self.weights = self._weights()
         self.rates: dict[str, float] = {s.name: 1.0 for s in self.sources}
+        self.shares = False  # whether draws take each source's share of a batch first (`pick`): once rates are set
         self._shuffles: dict[tuple[str, int], Shuffle] = {}
         for s in self.sources:
             self._check_kind(s)
@@ -202,7 +205,7 @@ class Mixture:
         on `draws`), and that source. `known_bad`: `(source, index) -> reason` of records this `make` already
         found bad (filled here), so that a bad record drawn again is skipped without being read and encoded again
         (the same outcome: reading is deterministic)."""
-        source = group.pick(draws.rng)
+        source = self.pick(draws, group)
         start = math.floor(draws.index * self.rates[source.name])
         bad = 0
         while True:
@@ -234,11 +237,28 @@ class Mixture:
                                 f"{source.name} (the last: {file}:{row}: {reason}); run `kimi-vl data check "
                                 f"{source.name}` to list them.")
 
+    def pick(self, draws: BatchDraws, group: Group) -> Source:
+        """The source of the next draw of batch `draws.index` from `group`. Batch `i`'s share of a source is its
+        positions from `floor(i * rate)` up to `floor((i + 1) * rate)`, where batch `i + 1` starts: while sources of
+        the group have some of their share left, one of them, in proportion to what each has left, so that the batch
+        reads its shares (in a random order) and each source goes on where the previous batch left it, whatever the
+        group's other draws; after that (or before the rates are measured), one by the group's probabilities."""
+        if self.shares and len(group.sources) > 1:
+            left = []
+            for s in group.sources:
+                rate = self.rates[s.name]
+                end = math.floor((draws.index + 1) * rate)
+                left.append(max(0, end - draws.state.get(s.name, math.floor(draws.index * rate))))
+            if any(left):
+                return draws.rng.choices(group.sources, left)[0]
+        return group.pick(draws.rng)
+
     def calibrate(self, build: Callable[[int], Any], groups: Sequence[Group]) -> None:
-        """Set each source's draws per batch from `CALIBRATION_BATCHES` batches `build(i)` (read far apart): a
-        group's mean draws per batch times the source's probability in it."""
+        """Set each source's draws per batch from `CALIBRATION_BATCHES` batches `build(i)` (read far apart, the
+        sources picked by their probabilities alone): a group's mean draws per batch times the source's probability
+        in it."""
         far = {s.name: float(max(len(s), 1)) if not s.streaming else 0.0 for s in self.sources}
-        self.rates = far
+        self.rates, self.shares = far, False
         drawn: Counter = Counter()
         for i in range(CALIBRATION_BATCHES):
             batch = build(i)
@@ -249,7 +269,7 @@ class Mixture:
             per_batch = sum(drawn[s.name] for s in g.sources) / CALIBRATION_BATCHES
             for s, p in zip(g.sources, g.probabilities):
                 rates[s.name] = per_batch * p
-        self.rates = rates
+        self.rates, self.shares = rates, True
 
     def texts(self, n: int) -> list[str]:
         """About `n` texts drawn by weight (the shuffled order's first records; bad records skipped), to train a
@@ -350,9 +370,10 @@ def media_block_too_long(tokens: int, seq_len: int, kind: str, header: int = 4) 
 
 def check_media_blocks(doc: Document, seq_len: int, processor: Any) -> Document:
     """A bad-record error when one of the document's media blocks, as the packer measures it (`media_units`: its
-    header tokens with the tokenizer of `processor`, then its placeholders), is longer than a row."""
+    header tokens with the tokenizer of `processor`, a video chunk's timestamp among them, then its placeholders),
+    is longer than a row."""
     if doc.media:
-        for unit in media_units(doc, packing_ids(processor)):
+        for unit in media_units(doc, packing_ids(processor), tokenizer_of(processor)):
             kind = "image" if unit.kind == "image" else "video chunk"
             if reason := media_block_too_long(unit.end - unit.start, seq_len, kind, unit.start - unit.block_start):
                 raise BadRecordError(reason)
@@ -438,6 +459,7 @@ class PromptStream:
         self.mixture, self.per_step, self.processor = mixture, per_step, processor
         self.group = mixture.group(mixture.sources)
         mixture.rates = {s.name: per_step * p for s, p in zip(self.group.sources, self.group.probabilities)}
+        mixture.shares = True
 
     def _prompt(self, record: Record) -> Prompt:
         prompt = record.loaded()

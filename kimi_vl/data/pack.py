@@ -9,7 +9,8 @@ boundary. Placement, row by row:
   the rest of the row becomes padding (`[PAD]` ids, labels -100, its own segment). Waiting documents are placed
   oldest first;
 - a document longer than a row is cut into pieces starting at row beginnings; a cut never falls inside an image or
-  a video chunk: the piece then ends before that block and the rest of its row is padding (a single block longer
+  a video chunk (nor inside the timestamp written before the chunk, with the processor's tokenizer): the piece then
+  ends before that block and the rest of its row is padding (a single block longer
   than a row is refused with `ConfigError` when drawn);
 - a batch starts afresh: what is left of a document at the end of a batch is not carried over.
 The pixel tensors concatenate the media of all rows in order (images and videos separately), so
@@ -44,9 +45,10 @@ import numpy as np
 import torch
 
 from ..errors import ConfigError, InvalidMediaError
+from ..fusion.placeholders import format_timestamp
 from ..text.modeling import next_token_targets
 from ..tokenization.special_tokens import MEDIA_PAD, MEDIA_START, PAD, SPECIAL_TOKENS, VIDEO_PLACEHOLDER
-from .encode import IGNORE_INDEX, MEDIA_KEYS, Document, special_ids
+from .encode import IGNORE_INDEX, MEDIA_KEYS, Document, special_ids, tokenizer_of
 
 
 @dataclass
@@ -144,7 +146,7 @@ class PackedBatch:
 @dataclass
 class _Unit:
     """One image or one video chunk of a document: its placeholder run `[start, end)`, the start of its block
-    (the `<|media_start|>` that opens it), and its tensors."""
+    (the `<|media_start|>` that opens it; a video chunk's timestamp before it), and its tensors."""
 
     kind: str  # "image" | "video"
     start: int
@@ -156,12 +158,19 @@ class _Unit:
 
 _MAX_BLOCK_HEADER = 8
 """Most tokens between a block's `<|media_start|>` and its placeholders (`image` / `video`, `<|media_content|>`)."""
+_TIMESTAMP_CHARS = len(format_timestamp(0.0))
+"""Characters of the `HH:MM:SS.mmm` timestamp before each video chunk's `<|media_start|>`."""
 
 
-def _block_start(ids: list[int], start: int, media_start_id: int) -> int:
+def _block_start(ids: list[int], start: int, media_start_id: int, timestamp_of: Any = None) -> int:
+    """Where the block of the placeholder run starting at `start` begins: its `<|media_start|>`, or with a
+    `timestamp_of` tokenizer (a video chunk) the first token of the `HH:MM:SS.mmm` timestamp written before it."""
     for i in range(start - 1, max(-1, start - 1 - _MAX_BLOCK_HEADER), -1):
         if ids[i] == media_start_id:
-            return i
+            j = i
+            while timestamp_of is not None and j > 0 and len(timestamp_of.decode(ids[j:i])) < _TIMESTAMP_CHARS:
+                j -= 1
+            return j
     return start
 
 
@@ -174,9 +183,10 @@ def packing_ids(processor: Any = None) -> tuple[int, int, int, int]:
     return tuple(special_ids(processor, tokens))
 
 
-def media_units(doc: Document, token_ids: tuple[int, int, int, int]) -> list[_Unit]:
+def media_units(doc: Document, token_ids: tuple[int, int, int, int], tokenizer: Any = None) -> list[_Unit]:
     """The document's images and video chunks in token order, each matched to its placeholder run (`token_ids`:
-    `packing_ids`). A unit's block, `block_start` to `end`, is what the packer never cuts between rows."""
+    `packing_ids`). A unit's block, `block_start` to `end`, is what the packer never cuts between rows; with the
+    document's `tokenizer`, a video chunk's block includes the timestamp before it."""
     image_id, video_id, media_start_id = token_ids[1:]
     runs: dict[int, list[tuple[int, int]]] = {image_id: [], video_id: []}
     ids = doc.input_ids
@@ -204,7 +214,7 @@ def media_units(doc: Document, token_ids: tuple[int, int, int, int]) -> list[_Un
         for (start, end), grid in zip(runs[token], grids if grids is not None else []):
             size = int(grid.prod())
             units.append(_Unit(kind, start, end, doc.media[pix_key][offset:offset + size], grid,
-                               _block_start(ids, start, media_start_id)))
+                               _block_start(ids, start, media_start_id, tokenizer if kind == "video" else None)))
             offset += size
     units.sort(key=lambda u: u.start)
     return units
@@ -213,12 +223,12 @@ def media_units(doc: Document, token_ids: tuple[int, int, int, int]) -> list[_Un
 class _Cursor:
     """A document being placed: how much of it has been placed, its media units and its vision tokens."""
 
-    def __init__(self, doc: Document, token_ids: tuple[int, int, int, int]):
+    def __init__(self, doc: Document, token_ids: tuple[int, int, int, int], tokenizer: Any = None):
         if len(doc) == 0:
             raise ConfigError("a document source returned an empty document; every document needs tokens.")
         self.doc = doc
         self.offset = 0
-        self.units = media_units(doc, token_ids) if doc.media else []
+        self.units = media_units(doc, token_ids, tokenizer) if doc.media else []
         if doc.splittable and self.units:
             raise ConfigError("a document with media cannot be splittable; set splittable=False.")
 
@@ -316,8 +326,9 @@ class _Queue:
     that queue instead (a vision source whose records may lack media)."""
 
     def __init__(self, source: DocumentSource, token_ids: tuple[int, int, int, int], max_misses: int, seq_len: int,
-                 overflow: _Queue | None = None):
+                 overflow: _Queue | None = None, tokenizer: Any = None):
         self.source, self.token_ids, self.max_misses, self.seq_len = source, token_ids, max_misses, seq_len
+        self.tokenizer = tokenizer
         self.overflow = overflow
         self.items: list[_Cursor] = []
         self.row = -1
@@ -329,7 +340,7 @@ class _Queue:
             raise ConfigError(f"a document source returned a {type(doc).__name__}, not a Document.")
         if doc.source:
             draws.documents[doc.source] += 1
-        cur = _Cursor(doc, self.token_ids)
+        cur = _Cursor(doc, self.token_ids, self.tokenizer)
         for u in cur.units:
             if u.end - u.block_start > self.seq_len:
                 what = "an image" if u.kind == "image" else "a video chunk"
@@ -409,6 +420,7 @@ class PackedStream:
         self.vision_ratio = vision_ratio
         self.max_misses = int(max_misses)
         self.token_ids = packing_ids(processor)
+        self.tokenizer = None if processor is None else tokenizer_of(processor)
 
     def rng(self, index: int) -> random.Random:
         """The random generator batch `index` draws from."""
@@ -420,9 +432,10 @@ class PackedStream:
             raise ConfigError(f"batch index must be >= 0, got {index}.")
         draws = BatchDraws(int(index), self.rng(index))
         out = _Rows(self.rows, self.seq_len, self.token_ids[0])
-        texts = _Queue(self.documents, self.token_ids, self.max_misses, self.seq_len)
+        texts = _Queue(self.documents, self.token_ids, self.max_misses, self.seq_len, tokenizer=self.tokenizer)
         visions = None if self.vision_ratio is None else _Queue(self.vision_documents, self.token_ids,
-                                                                  self.max_misses, self.seq_len, overflow=texts)
+                                                                  self.max_misses, self.seq_len, overflow=texts,
+                                                                  tokenizer=self.tokenizer)
         while not out.done:
             if visions is not None and self._place_vision(out, visions, draws):
                 continue

@@ -23,9 +23,9 @@ all loaded. Each file is indexed once (where its records are) and the index is c
 arrays, Parquet and datasets, the sample key in tar shards.
 
 Streaming (`streaming=True`, for `hf:` sets too large to download): the dataset is read in its own order,
-sequentially; `read(i)` for a position behind the stream re-reads it from the start. Resume is still exact (the
-same positions give the same rows) but it re-reads every row up to the resume position, in every data-loader
-worker and rank; prefer a downloaded dataset for long runs.
+sequentially; `read(i)` for a position more than `StreamingHubDataset.RECENT_ROWS` behind the stream re-reads it
+from the start. Resume is still exact (the same positions give the same rows) but it re-reads every row up to the
+resume position, in every data-loader worker and rank; prefer a downloaded dataset for long runs.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import json
 import math
 import os
 import tarfile
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -420,26 +421,36 @@ class StreamingHubDataset:
 
     format_hint = None
     UNKNOWN_LENGTH = 1 << 62
+    RECENT_ROWS = 64
+    """Rows kept after they are read: a batch that starts a few positions before the previous one ended (batches
+    overlap at their edges, `kimi_vl.data.mixture`) reads them again without restarting the stream."""
 
     def __init__(self, spec: str) -> None:
         self.path, self.spec = spec, spec
         self._iter, self._pos, self._pid, self._rows = None, 0, None, None
+        self._recent: deque = deque(maxlen=self.RECENT_ROWS)
 
     def __getstate__(self) -> dict:
-        return {"path": self.path, "spec": self.spec, "_iter": None, "_pos": 0, "_pid": None, "_rows": self._rows}
+        return {"path": self.path, "spec": self.spec, "_iter": None, "_pos": 0, "_pid": None, "_rows": self._rows,
+                "_recent": deque(maxlen=self.RECENT_ROWS)}
 
     def __len__(self) -> int:
         return self.UNKNOWN_LENGTH
 
     def _restart(self) -> None:
-        self._iter, self._pos, self._pid = iter(_load_dataset(self.spec, streaming=True)), 0, os.getpid()
+        # not `iter(dataset)`: in a DataLoader worker that reads only the worker's share of the dataset's shards
+        # (datasets splits them between workers), so position `i` would be another row there than here
+        rows = _load_dataset(self.spec, streaming=True).iter(batch_size=1)
+        self._iter = ({k: v[0] for k, v in batch.items()} for batch in rows)
+        self._pos, self._pid = 0, os.getpid()
+        self._recent.clear()
 
     def read(self, i: int) -> dict[str, Any]:
         if self._rows is not None:
             i %= self._rows
-        if self._iter is None or self._pid != os.getpid() or i < self._pos:
+        if self._iter is None or self._pid != os.getpid() or i < self._pos - len(self._recent):
             self._restart()
-        row = None
+        row = self._recent[i - self._pos] if i < self._pos else None
         while self._pos <= i:
             try:
                 row = next(self._iter)
@@ -451,6 +462,7 @@ class StreamingHubDataset:
                 self._restart()
                 continue
             self._pos += 1
+            self._recent.append(row)
         return {k: (_image_struct(v) if hasattr(v, "save") else v) for k, v in row.items()}
 
     def where(self, i: int) -> int:

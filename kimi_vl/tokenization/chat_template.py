@@ -16,11 +16,15 @@ Content is a string (verbatim) or a list of parts in transformers' multimodal sc
 - `{"type": "video", ...}` (with `video`, `url` or `path`): `<|kimi_k25_video_placeholder|>`, which the processor
   expands into one `<|media_start|>video<|media_content|>...<|media_end|>` block per temporal chunk, each preceded
   by the chunk's timestamp.
+Message text is tokenized as any text is: a special-token string in it (a user typing `<|im_end|>`) becomes that token,
+as with transformers' templates; `apply_chat_template(..., tokenize=True, sanitize_control_tokens=True)` keeps such
+strings text.
 Roles: `system`, `user`, `assistant`, and `tool` (rendered as `<|im_system|>tool<|im_middle|>...`, as in Kimi's
 template); any other role, or an unknown part type, is an error, and so is anything the format has no place for
 and would drop: assistant `tool_calls`, `reasoning_content`, and `apply_chat_template(..., tools=...)` or
-`documents=...`. Assistant turns (content and their `<|im_end|>`) are wrapped in `{% generation %}` so
-`return_assistant_tokens_mask=True` marks exactly the tokens to train on.
+`documents=...`. The text of assistant turns and their `<|im_end|>` are wrapped in `{% generation %}` (their images and
+videos are input, as in `kimi_vl.data.encode_chat`) so `return_assistant_tokens_mask=True` marks exactly the tokens to
+train on.
 
 Default system prompt: none. Released Kimi-VL models were trained with `<|im_system|>system<|im_middle|>You are a
 helpful assistant<|im_end|>` prepended when a conversation has no system message; models trained with this package
@@ -97,7 +101,7 @@ _TEMPLATE_LINES = r"""
 {%- endif -%}
 {%- for message in messages -%}
     {%- set role = message['role'] -%}
-    {%- set content = message['content'] if message['content'] is defined else '' -%}
+    {%- set content = message['content'] if message['content'] is defined and message['content'] is not none else '' -%}
     {%- if role == 'system' -%}
         IM_SYSTEMsystemIM_MIDDLE{{- render_content(content) -}}IM_END
     {%- elif role == 'user' -%}
@@ -113,9 +117,18 @@ _TEMPLATE_LINES = r"""
                                 '(◁think▷...◁/think▷).') -}}
         {%- endif -%}
         ASSISTANT_HEADER
-        {%- generation -%}
-            {{- render_content(content) -}}IM_END
-        {%- endgeneration -%}
+        {%- if content is string -%}
+            {%- generation -%}{{- content -}}{%- endgeneration -%}
+        {%- else -%}
+            {%- for part in content -%}
+                {%- if part is string or part['type'] == 'text' -%}
+                    {%- generation -%}{{- render_content([part]) -}}{%- endgeneration -%}
+                {%- else -%}
+                    {{- render_content([part]) -}}
+                {%- endif -%}
+            {%- endfor -%}
+        {%- endif -%}
+        {%- generation -%}IM_END{%- endgeneration -%}
     {%- elif role == 'tool' -%}
         IM_SYSTEMtoolIM_MIDDLE{{- render_content(content) -}}IM_END
     {%- else -%}

@@ -17,7 +17,9 @@ Token roles (`bos_token`, `eos_token`, `pad_token`):
   `generate(...)` needs by default (Kimi recommends stopping on `<|im_end|>`). `[EOS]` (`DOC_EOS`) remains a
   special token for the end of a raw pre-training document; add it to `generation_config.eos_token_id` as well
   when sampling continuations of raw text.
-- `pad_token = "[PAD]"`, never produced from text.
+- `pad_token = "[PAD]"`. Like every special token, the string "[PAD]" in text is read as the token; pass
+  `split_special_tokens=True` to keep special-token strings text (`apply_chat_template(..., tokenize=True,
+  sanitize_control_tokens=True)` does so for the messages).
 """
 
 from __future__ import annotations

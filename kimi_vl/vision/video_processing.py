@@ -169,22 +169,24 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
             outputs.append(self.preprocess([video], **kwargs, **extra))
         return BatchFeature(data={key: _join([out[key] for out in outputs]) for key in outputs[0]})
 
-    def _read_files(self, sources: list[str], kwargs: dict) -> tuple[list[np.ndarray], list[TimedVideoMetadata]]:
-        """Decode and sample each file with decord; returns frames `[T, H, W, 3]` and metadata (`clip_metadata`) per
-        video."""
+    def read_video(self, src: str, **kwargs: Any) -> VideoFrames:
+        """One video file (a path or a `file://` URL) decoded and sampled with decord as `preprocess` reads it:
+        `do_sample_frames`, `fps`, `num_frames` and `max_frames` from `kwargs`, else the processor's settings (other
+        keys are ignored)."""
         setting = {k: kwargs.get(k, getattr(self, k)) for k in ("do_sample_frames", "fps", "num_frames", "max_frames")}
         sample = setting["do_sample_frames"]
-        frames, metadata = [], []
-        for src in sources:
-            clip = load_video(
-                src,
-                fps=setting["fps"] if sample else None,
-                num_frames=setting["num_frames"] if sample else None,
-                max_frames=setting["max_frames"],
-            )
-            frames.append(clip.frames)
-            metadata.append(clip_metadata(clip))
-        return frames, metadata
+        return load_video(
+            src,
+            fps=setting["fps"] if sample else None,
+            num_frames=setting["num_frames"] if sample else None,
+            max_frames=setting["max_frames"],
+        )
+
+    def _read_files(self, sources: list[str], kwargs: dict) -> tuple[list[np.ndarray], list[TimedVideoMetadata]]:
+        """Decode and sample each file with decord (`read_video`); returns frames `[T, H, W, 3]` and metadata
+        (`clip_metadata`) per video."""
+        clips = [self.read_video(src, **kwargs) for src in sources]
+        return [clip.frames for clip in clips], [clip_metadata(clip) for clip in clips]
 
     def sample_frames(
         self,

@@ -319,3 +319,29 @@ def test_trl_grpo_rows():
         parse({"prompt": " ", "solution": "1"})
     with pytest.raises(BadRecordError, match="does not end with a user turn"):
         parse({"prompt": [{"role": "user", "content": "Q"}, {"role": "assistant", "content": "A"}], "solution": "1"})
+
+
+def test_a_folder_given_as_a_video_is_named_as_a_folder(tmp_path):
+    """LLaVA-style data sometimes names a folder of frames as the `video`: the bad-record reason says it is a folder
+    and how to give its frames, not that the path does not exist."""
+    (tmp_path / "clip").mkdir()
+    image(0).save(tmp_path / "clip" / "000.png")
+    with pytest.raises(InvalidMediaError, match="is a folder; give a video file, or the folder's frame images"):
+        MediaRef("video", "clip", tmp_path).load()
+
+
+def test_llava_next_video_records_mark_their_video_with_image():
+    """LLaVA-Video-178K / LLaVA-OneVision video records (LLaVA-NeXT's format) hold a `video` and put `<image>` where
+    it goes: the video goes there. With an image in the record, or a `<video>` placeholder, `<image>` stays an image
+    placeholder (a count that then does not match is still a bad record)."""
+    record = parse({"id": "v_1", "video": "clips/1.mp4", "data_source": "0_30_s_academic_v0_1", "conversations": [
+        {"from": "human", "value": "<image>\nWhat happens?"}, {"from": "gpt", "value": "A dog runs."},
+        {"from": "human", "value": "Then?"}, {"from": "gpt", "value": "It sits."}]})
+    assert [p["type"] for p in record.messages[0]["content"]] == ["video", "text"]
+    assert record.messages[0]["content"][0]["video"].value == "clips/1.mp4" and texts(record)[0] == "\nWhat happens?"
+    mixed = parse({"image": "a.png", "video": "v.mp4", "conversations": [
+        {"from": "human", "value": "<image> and <video>?"}, {"from": "gpt", "value": "x"}]})
+    assert [p["type"] for p in mixed.messages[0]["content"]] == ["image", "text", "video", "text"]
+    with pytest.raises(BadRecordError, match="more <image> placeholders than the record's 0 images"):
+        parse({"videos": ["a.mp4"], "conversations": [{"from": "human", "value": "<image><image>"},
+                                                      {"from": "gpt", "value": "x"}]})

@@ -80,6 +80,39 @@ def test_an_epoch_reads_every_record_about_once(proc, tmp_path):
     assert tags(proc, other.batch(0)) != tags(proc, stream.batch(0))  # the order depends on the seed
 
 
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_an_epoch_of_several_sources_reads_every_record_about_once_over_the_ranks(proc, tmp_path, world):
+    """Rank `r` of `world` builds its own stream and takes batches `r, r + world, ...`: over one epoch the ranks
+    together read each record of every source about once. The draws of a batch pick sources at random; each source
+    still reads its share of the batch (from `floor(i * rate)` to `floor((i + 1) * rate)`) rather than as many records
+    as its random picks, which left up to a third of a source unread in an epoch and read others two or three times."""
+    sizes = {"a": 60, "b": 40, "c": 30}
+    specs = [docs(tmp_path / f"{t}.jsonl", n, tag=t) for t, n in sizes.items()]
+    seen = {t: Counter() for t in sizes}
+    for rank in range(world):
+        m = mixture(*specs)
+        stream = mixture_stream(m, proc, seq_len=SEQ, rows=ROWS, seed=0)
+        for i in range(rank, round(sum(sizes.values()) / sum(m.rates.values())), world):
+            batch = stream.batch(i)
+            for t in sizes:
+                seen[t].update(tags(proc, batch, t))
+    assert sum(map(len, seen.values())) >= 0.88 * sum(sizes.values())
+    for t, n in sizes.items():
+        assert len(seen[t]) >= 0.85 * n and max(seen[t].values()) <= 2
+
+
+def test_rl_prompts_of_several_sources_read_every_row_about_once_an_epoch(tmp_path):
+    rows = {"p": 40, "q": 24, "r": 16}
+    specs = []
+    for t, n in rows.items():
+        path = tmp_path / f"{t}.jsonl"
+        path.write_text("".join(json.dumps({"problem": f"{t}{i}?", "answer": str(i)}) + "\n" for i in range(n)))
+        specs.append(str(path))
+    stream = PromptStream(mixture(*specs, kinds=("prompt",)), per_step=8)
+    seen = Counter((p.source, p.answer) for step in range(10) for p in stream.prompts(step)[0])
+    assert len(seen) >= 76 and max(seen.values()) <= 2  # 80 rows, 8 per step: before, 68 and 12 read twice
+
+
 def test_batches_are_pure_functions_of_their_index(proc, tmp_path):
     src = docs(tmp_path / "a.jsonl", 50, bad=(3, 11, 12, 30))
     one = mixture_stream(mixture(src), proc, seq_len=SEQ, rows=ROWS, seed=5)

@@ -6,6 +6,7 @@ import math
 import random
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -20,6 +21,7 @@ from kimi_vl.data import (
 )
 from kimi_vl.data import embedded_pretrain_stream as pretrain_stream
 from kimi_vl.data.config import DataConfig
+from kimi_vl.data.encode import Media, encode_document
 from kimi_vl.data.world import make_sample, sample_rng
 from kimi_vl.errors import ConfigError, ShapeError
 from kimi_vl.text.modeling import causal_lm_loss
@@ -295,6 +297,21 @@ def test_a_cut_never_falls_inside_media(proc):
     assert int((b.input_ids == proc.image_token_id).sum()) == int(b.image_grid_thw.prod(-1).sum()) // 4
     with pytest.raises(ConfigError, match="does not fit in a row"):
         PackedStream(lambda draws: doc, seq_len=block - 2, rows=2, seed=0, processor=proc).batch(0)
+
+
+def test_a_video_chunk_keeps_its_timestamp_across_a_cut(proc):
+    """A long video document is cut between chunks: each chunk's `HH:MM:SS.mmm` timestamp (its block's start, as
+    the processor writes it) goes to the next row with the chunk, never left at the end of the previous row or cut
+    in two."""
+    frames = [np.full((28, 28, 3), 10 * t, np.uint8) for t in range(24)]  # 6 chunks of 4 frames at 2 fps
+    doc = encode_document(["A clip ", Media("video", frames), " ends."], proc)
+    seq_len = 40
+    b = PackedStream(lambda draws: doc, seq_len=seq_len, rows=4, seed=0, processor=proc).batch(0)
+    rows = [proc.tokenizer.decode(r) for r in b.input_ids.view(4, seq_len).tolist()]
+    stamp = r"\d\d:\d\d:\d\d\.\d{3}" + re.escape(f"{MEDIA_START}video")
+    assert [len(re.findall(stamp, r)) for r in rows] == [r.count(f"{MEDIA_START}video") for r in rows]
+    assert sum(len(re.findall(stamp, r)) for r in rows) == len(b.video_grid_thw) >= 3  # more than one row's
+    assert not any(re.search(r"[\d:.]+(\[PAD\])*$", r) for r in rows)  # no timestamp left at a row's end
 
 
 def test_bad_arguments(proc):

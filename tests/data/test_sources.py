@@ -213,7 +213,7 @@ def test_hub_datasets_by_name(monkeypatch):
     stream = open_source("hf:org/name", streaming=True)  # read in order, lazily
     assert stream.streaming and len(calls) == 1
     assert [stream.read(i)[0]["text"] for i in (0, 1, 3, 1, 5)] == ["t0", "t1", "t3", "t1", "t1"]  # 5 wraps to 1
-    assert calls[-1] == ("org/name", None, "train", True) and len(calls) == 4  # a step back or a wrap restarts
+    assert calls[-1] == ("org/name", None, "train", True) and len(calls) == 3  # a wrap restarts, a step back not
     with pytest.raises(ConfigError, match="names no dataset"):
         parse_hub_name("hf:")
 
@@ -227,13 +227,62 @@ def test_a_streamed_dataset_reads_later_epochs_in_order(monkeypatch):
 
     def fake_load(name, config=None, split=None, streaming=False):
         passes.append(name)
-        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(4)]).to_iterable_dataset()
+        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(100)]).to_iterable_dataset()
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
     monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
     stream = open_source("hf:org/name", streaming=True)
-    assert [stream.read(i)[0]["text"] for i in range(12)] == ["t0", "t1", "t2", "t3"] * 3
+    assert [stream.read(i)[0]["text"] for i in range(300)] == [f"t{i}" for i in range(100)] * 3
     assert len(passes) == 3
+
+
+def test_a_streamed_dataset_steps_back_over_a_batch_edge_without_restarting(monkeypatch):
+    """Consecutive batches overlap by a few positions at their edges: each such step back restarted the stream and
+    read it again from its first row (at a long run's position, the whole stream so far, once every few batches).
+    The last `RECENT_ROWS` rows are kept; a step back further restarts it."""
+    import datasets
+
+    passes = []
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        passes.append(name)
+        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(200)]).to_iterable_dataset()
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    stream = open_source("hf:org/name", streaming=True)
+    back = sources.StreamingHubDataset.RECENT_ROWS
+    positions = [*range(0, 30), *range(27, 60), 100, 100 - back + 1, 101, 100 - back]
+    assert [stream.read(i)[0]["text"] for i in positions] == [f"t{i}" for i in positions]
+    assert len(passes) == 2  # the last position alone is further back than the rows kept
+
+
+def test_a_streamed_dataset_gives_data_loader_workers_the_same_rows(monkeypatch):
+    """In a DataLoader worker, iterating a streamed dataset reads only that worker's share of its shards (datasets
+    splits them between workers): position 1 was row 11 in the second of two workers, and a worker without a shard
+    stopped with "the stream has no rows". Every worker reads every shard, in the order the training process does."""
+    import datasets
+
+    from kimi_vl.data.loader import batches
+
+    shards = [4]
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        rows = datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(40)])
+        return rows.to_iterable_dataset(num_shards=shards[0])
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+
+    class Rows:
+        def __init__(self) -> None:
+            self.source = open_source("hf:org/name", streaming=True)
+
+        def batch(self, i: int) -> str:
+            return self.source.read(i)[0]["text"]
+
+    for workers, shards[0] in ((2, 4), (2, 1)):
+        assert list(batches(Rows(), range(6), workers)) == [f"t{i}" for i in range(6)]
 
 
 def test_an_unreachable_hub_fails_at_once(monkeypatch):

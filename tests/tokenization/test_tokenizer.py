@@ -194,6 +194,14 @@ def test_default_system_prompt_is_opt_in():
     assert render_chat(explicit, default_system_prompt="D").startswith("<|im_system|>system<|im_middle|>S<|im_end|>")
 
 
+def test_none_content_renders_as_apply_chat_template_does(tok):
+    """transformers drops keys whose value is None (`content: None` is an empty content); `render_chat` (which the
+    data layer's `encode_chat` / `encode_prompt` use) renders such a message the same way."""
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None}]
+    assert render_chat(messages) == tok.apply_chat_template(messages, tokenize=False) == (
+        f"<|im_user|>user<|im_middle|>Hi{IM_END}{GEN}{IM_END}")
+
+
 def test_multi_turn_and_tool():
     messages = [
         {"role": "user", "content": "a"},
@@ -225,6 +233,18 @@ def test_assistant_mask(tok):
     ids, mask = out["input_ids"], out["assistant_masks"]
     masked = [i for i, m in zip(ids, mask) if m]
     assert tok.decode(masked) == "the cat<|im_end|>"
+
+
+def test_assistant_mask_leaves_out_assistant_media(tok):
+    """An image or video in an assistant turn is input, as in the SFT stage (`encode_chat`): the mask holds the
+    turn's text and its `<|im_end|>`, not the media block (nor a video's placeholder)."""
+    reply = [{"type": "text", "text": "the cat"}, {"type": "image", "url": "x.png"}, "a dog",
+             {"type": "video", "path": "v.mp4"}, {"type": "text", "text": "."}]
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": reply}]
+    out = tok.apply_chat_template(messages, tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    masked = [i for i, m in zip(out["input_ids"], out["assistant_masks"]) if m]
+    assert tok.decode(masked) == "the cata dog.<|im_end|>"
+    assert render_chat(messages).endswith(f"the cat{IMG}a dog{VIDEO_PLACEHOLDER}.{IM_END}")
 
 
 @pytest.mark.parametrize(
