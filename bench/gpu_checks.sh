@@ -4,7 +4,8 @@
 #   1. bench/gpu_train.py: the `small` preset's pre-training, SFT and RL for a few steps (bf16): a STEP line per
 #      step as it is logged (time, loss, peak memory), then step time, tokens/s, peak memory per stage
 #   2. the `tiny` preset's first 20 pre-training steps through the kernels against the torch path (loss curves)
-#   3. the `tiny` preset's pre-training for 4 steps under accelerate's FSDP2 path (one process)
+#   3. the `tiny` preset's pre-training for 4 steps under accelerate's FSDP2 path (one process), then the router's
+#      fp32 scores under CUDA's bf16 autocast
 #   4. bench/kda_gpu.py: the kernels' timings against the torch path, transformers' fallback and fla (when
 #      installed; its first call autotunes for minutes, so it runs last)
 #   5. the Triton KDA kernel tests on the GPU, every shape (slow-marked ones too), each test at most 60 s
@@ -44,6 +45,9 @@ print('PARITY tiny pre-training, Triton vs torch path: max |loss difference| ove
 # on CPUs the tests reach it only with accelerate's state switched to FSDP (tests/training/fsdp2_cpu.py)
 timeout "${FSDP_S:-45}" accelerate launch --use_fsdp --fsdp_version 2 --num_processes 1 -m kimi_vl.cli train pretrain \
     --preset tiny --steps 4 --checkpoint-every 2 --no-progress --out /tmp/fsdp2 2>&1 | tail -2 | tee "$OUT/fsdp2.log"
+# the fp32 router under CUDA's bf16 autocast: the same experts as without it
+timeout 60 python3 -m pytest -q -p no:cacheprovider tests/text/test_model.py -k autocast 2>&1 | tail -1 \
+    | tee "$OUT/autocast.log"
 timeout "${KDA_S:-100}" python3 bench/kda_gpu.py 2>&1 | tee "$OUT/kda_gpu.log"
 timeout "${KERNELS_S:-120}" python3 -m pytest -q -p no:cacheprovider -m "slow or not slow" --timeout 60 \
     tests/kernels/test_kda_triton.py 2>&1 | tee "$OUT/kernels.log"

@@ -151,15 +151,15 @@ def load_mmlu_pro(
         BadRecordError (a DataError): a row is malformed; the message names its file and row and what to fix.
     """
     val: list[dict] = []
-    empty_val_fix = ("k-shot prompts take their worked examples from the validation split: add its rows, or "
-                     "evaluate 0-shot (--num-shots 0).")
+    zero_shot = f"evaluate 0-shot (`kimi-vl eval --num-shots 0`; the quickstart evaluates {NUM_SHOTS}-shot)."
+    empty_val_fix = f"k-shot prompts take their worked examples from the validation split: add its rows, or {zero_shot}"
     if data_dir is not None:
         test, test_files = load_local_split(data_dir, BENCHMARK_DIRS, "test", check=check_row, fix=_ROW_FIX)
         val_files: list = []
         if validation:
             val, val_files = load_local_split(data_dir, BENCHMARK_DIRS, "validation", hint=(
-                "k-shot prompts take their worked examples from the validation split: add the file, or evaluate "
-                "0-shot (--num-shots 0)."), check=lambda r: check_row(r, "validation"), fix=_ROW_FIX)
+                f"k-shot prompts take their worked examples from the validation split: add the file, or {zero_shot}"),
+                check=lambda r: check_row(r, "validation"), fix=_ROW_FIX)
         require_rows(test, "test", test_files, f"put the MMLU-Pro test split there ({_LAYOUT_HINT}).")
         if validation:
             require_rows(val, "validation", val_files, empty_val_fix)

@@ -51,7 +51,7 @@ from .distributed import barrier, collective_device, gather_ints, init_distribut
 from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset, warn_without_cuda
 from .rl import RLStep
-from .trainer import Trainer, read_metrics, unigram_entropy
+from .trainer import SKIP_NO_TARGETS, Trainer, read_metrics, unigram_entropy
 
 SUMMARY = "training_summary.json"
 
@@ -109,6 +109,8 @@ def summary_line(s: dict[str, Any]) -> str:
     if s.get("reward_first_fifth") is not None:
         parts.append(f"mean reward {s['reward_first_fifth']:.3f} in the first fifth of the steps, "
                      f"{s['reward_last_fifth']:.3f} in the last")
+    if s.get("steps_without_targets"):
+        parts.append(f"{s['steps_without_targets']} steps skipped without a loss target")
     if s.get("bad_records"):
         parts.append(f"{s['bad_records']} bad records skipped (data_errors.jsonl)")
     if s.get("wall_time_s") is not None:
@@ -275,11 +277,13 @@ def _preset_of(from_dir: str | Path) -> str:
 
 
 def _finish(stage: str, model: Any, weights: dict[str, torch.Tensor], processor: KimiVLProcessor, out_dir: Path,
-            summary: dict[str, Any]) -> Path:
+            summary: dict[str, Any], progress: bool) -> Path:
     """Save the stage's checkpoint directory, self-contained (remote code and `auto_map`: any Hugging Face client
     loads it with `trust_remote_code=True`, without kimi_vl installed), and its summary. `weights`: the model's full
-    state dict (`Accelerator.get_state_dict`: under FSDP2 every rank gathers it, then rank 0 saves)."""
-    model.save_pretrained(out_dir, state_dict=weights)
+    state dict (`Accelerator.get_state_dict`: under FSDP2 every rank gathers it, then rank 0 saves); transformers'
+    writing bar only where `progress` (`transformers_bars`)."""
+    with transformers_bars(progress):
+        model.save_pretrained(out_dir, state_dict=weights)
     processor.save_pretrained(out_dir)
     add_remote_code(out_dir)
     (out_dir / SUMMARY).write_text(json.dumps({"stage": stage, **summary, "complete": True}, indent=1))
@@ -307,11 +311,13 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
     metrics = read_metrics(out_dir / "metrics.jsonl")
     plot_metrics(metrics, out_dir / "plots", title=cfg.stage, baseline=baseline)
     bad = sum(sum(m.get("bad_records", {}).values()) for m in metrics)
+    without_targets = sum(m.get("skip_reason") == SKIP_NO_TARGETS for m in metrics)
     return _finish(cfg.stage, model, weights, processor, out_dir, {
         "preset": cfg.preset, "seed": cfg.seed, **extra, "data": cfg.data.sources or "embedded",
         "steps": cfg.train.steps, "final_loss": last.get("loss"), "val_loss": last.get("val_loss"),
         "unigram_baseline": baseline, "tokens": last.get("tokens"), "skipped_steps": last.get("skipped_total"),
-        "bad_records": bad, "wall_time_s": time.perf_counter() - t0})
+        "steps_without_targets": without_targets, "bad_records": bad, "wall_time_s": time.perf_counter() - t0},
+        cfg.train.progress)
 
 
 PROCESSOR_SETTINGS = ("tokenizer", "vocab_size", "tokenizer_texts", "image_max_patches", "video_max_patches",
@@ -420,9 +426,11 @@ def _mean(rows: list[dict[str, Any]], key: str) -> float:
 
 
 def family_rewards(rows: list[dict[str, Any]], families: Sequence[str]) -> dict[str, float | None]:
-    """Mean reward of each task family's prompts over metric rows (their `reward/<task>` entries; a family's
-    prompts are spread one per task within a rollout batch, so the mean over entries is the mean over prompts).
-    None for a family with no prompt in `rows`."""
+    """Mean reward of each task family over metric rows: the mean of its tasks' `reward/<task>` entries (each the
+    mean over that task's prompts of a step), so every task of the family weighs the same. That is the mean over
+    prompts where each task gets as many prompts per step (the vision family's 8 prompts over its 8 tasks), not quite
+    where they differ (the text family's 8 prompts over its 3 tasks, 3 / 3 / 2). None for a family with no prompt in
+    `rows`."""
     out: dict[str, float | None] = {}
     for family in families:
         values = [m[f"reward/{t}"] for m in rows for t in family_tasks([family]) if f"reward/{t}" in m]
@@ -480,4 +488,4 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
         "masked_fraction": _mean(metrics, "masked_fraction"),
         "log_ratio_abs_mean": _mean(metrics, "log_ratio_abs_mean"),
         "bad_records": sum(sum(m.get("bad_records", {}).values()) for m in metrics),
-        "wall_time_s": time.perf_counter() - t0})
+        "wall_time_s": time.perf_counter() - t0}, cfg.train.progress)

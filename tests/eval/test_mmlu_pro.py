@@ -269,7 +269,8 @@ def test_empty_splits_are_refused(tmp_path):
         mp.load_mmlu_pro(tmp_path, validation=False)
     _write_split(tmp_path, "test", [GOOD_ROW])
     _write_split(tmp_path, "validation", [])
-    with pytest.raises(DataUnavailableError, match=r"^no validation rows in \S*validation.jsonl; .*--num-shots 0"):
+    with pytest.raises(DataUnavailableError,
+                       match=r"^no validation rows in \S*validation.jsonl; .*`kimi-vl eval --num-shots 0`; the quick"):
         mp.load_mmlu_pro(tmp_path)
 
 

@@ -543,11 +543,13 @@ def test_router_balancing_stays_fp32_in_a_bf16_model(tmp_path, load):
 
 
 def test_router_scores_stay_fp32_under_bf16_autocast():
-    """`s = sigmoid(x W^T)` in fp32 also under mixed precision: bf16 router logits change which experts are chosen."""
-    gate = tiny_model().model.layers[1].mlp.gate
-    x = torch.randn(64, gate.weight.shape[1]) * 3
+    """`s = sigmoid(x W^T)` in fp32 also under mixed precision: bf16 router logits change which experts are chosen.
+    On CUDA's autocast too where a GPU is present (`bench/gpu_checks.sh` runs it there)."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    gate = tiny_model().model.layers[1].mlp.gate.to(device)
+    x = torch.randn(64, gate.weight.shape[1]).to(device) * 3
     weights, indices = gate(x)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast(device, dtype=torch.bfloat16):
         weights_ac, indices_ac = gate(x)
     assert weights_ac.dtype == torch.float32
     assert torch.equal(indices_ac, indices)
