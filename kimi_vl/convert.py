@@ -45,6 +45,7 @@ from .vision.convert import (
     load_config_json,
     read_source_config,
     rope_deinterleave,
+    safetensors_files,
     staged_directory,
 )
 
@@ -125,17 +126,7 @@ class _Source:
     """Lazy access to every tensor of a (possibly sharded) safetensors checkpoint."""
 
     def __init__(self, src_dir: Path) -> None:
-        files = sorted(src_dir.glob("*.safetensors"))
-        if not files:
-            raise CheckpointError(f"No *.safetensors files in {src_dir}; kimi-vl reads safetensors checkpoints only.")
-        index = src_dir / "model.safetensors.index.json"
-        if index.is_file():
-            listed = set(json.loads(index.read_text()).get("weight_map", {}).values())
-            absent = sorted(name for name in listed if not (src_dir / name).is_file())
-            if absent:
-                raise CheckpointError(f"{src_dir}: shards listed in model.safetensors.index.json are missing: "
-                                      f"{absent[:3]}; download the complete checkpoint.")
-        self.handles = [safe_open(str(f), framework="pt") for f in files]
+        self.handles = [safe_open(str(f), framework="pt") for f in safetensors_files(src_dir)]
         self.where = {key: h for h in self.handles for key in h.keys()}
 
     def keys(self) -> list[str]:
@@ -147,8 +138,12 @@ class _Source:
     def shape(self, key: str) -> tuple[int, ...]:
         return tuple(self.where[key].get_slice(key).get_shape())
 
+    def dtype_code(self, key: str) -> str:
+        """The safetensors dtype of `key` as the file names it (`"BF16"`, `"F8_E4M3"`, `"I32"`, ...)."""
+        return self.where[key].get_slice(key).get_dtype()
+
     def dtype(self, key: str) -> torch.dtype:
-        code = self.where[key].get_slice(key).get_dtype()
+        code = self.dtype_code(key)
         if code not in SAFETENSORS_DTYPES:
             raise CheckpointError(f"{key} has dtype {code}, which kimi-vl does not import.")
         return SAFETENSORS_DTYPES[code]
@@ -207,7 +202,9 @@ def _plan(keys: list[str], cfg: KimiTextConfig) -> dict[str, Callable[[_Source],
     return plan
 
 
-def _check_against_model(plan: dict, cfg: KimiTextConfig) -> None:
+def _check_against_model(plan: dict, cfg: KimiTextConfig) -> dict[str, tuple[int, ...]]:
+    """Raise `CheckpointError` unless `plan` builds exactly the tensors of `KimiTextForCausalLM(cfg)`; return their
+    shapes (target key -> shape)."""
     from .text import KimiTextForCausalLM
 
     with torch.device("meta"):
@@ -221,6 +218,7 @@ def _check_against_model(plan: dict, cfg: KimiTextConfig) -> None:
         raise CheckpointError(
             f"The checkpoint does not match its config: missing {missing[:5]}, unexpected {extra[:5]}."
         )
+    return expected
 
 
 def convert_kimi_linear(
@@ -239,15 +237,16 @@ def convert_kimi_linear(
     raw = load_config_json(src, ("kimi_linear",), "convert_kimi_linear", CONVERTERS)
     cfg = kimi_linear_config_to_text_config(raw, **config_overrides)
     source = _Source(src)
+    _check_not_quantized(source, src)
     # transformers builds zero-width shared experts when n_shared_experts=0: they add nothing, ours has none
     keys = [k for k in source.keys() if ".shared_experts." not in k or math.prod(source.shape(k))]
     plan = _plan(keys, cfg)
     # transformers' KimiLinearForCausalLM never ties its head: a saved `lm_head.weight` is used whatever the config
     cfg.tie_word_embeddings = _tie("lm_head.weight" if "lm_head.weight" in plan else None, cfg.tie_word_embeddings,
                                    src, "model.embed_tokens.weight" in plan)
-    _check_against_model(plan, cfg)
+    shapes = _check_against_model(plan, cfg)
 
-    with staged_directory(dst, overwrite) as tmp:
+    with staged_directory(dst, overwrite, src) as tmp:
         shards: list[list[str]] = []  # the keys of each shard written
         shard: dict[str, torch.Tensor] = {}
         size = total = 0
@@ -259,6 +258,10 @@ def convert_kimi_linear(
 
         for key in progress_bar(sorted(plan), desc="converting", unit="tensor"):
             t = plan[key](source)
+            if tuple(t.shape) != shapes[key]:
+                raise CheckpointError(f"{src}: {key} is {tuple(t.shape)} in the checkpoint but {shapes[key]} in the "
+                                      "model its config.json describes; use the config.json that came with these "
+                                      "weights.")
             nbytes = t.numel() * t.element_size()
             if size and size + nbytes > max_shard_bytes:
                 flush()
@@ -332,6 +335,7 @@ SAFETENSORS_DTYPES = {
     "BOOL": torch.bool,
 }
 DTYPE_CODES = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+FLOAT_CODES = ("F64", "F32", "F16", "BF16")
 QUANTIZED_SUFFIXES = ("weight_scale_inv", "weight_scale", "weight_packed", "weight_shape", "weight_zero_point",
                       "input_scale")
 
@@ -420,12 +424,16 @@ def _check_specs(specs: dict[str, TensorSpec], model_cls, config, src: Path, tie
         )
 
 
-def _check_not_quantized(keys: list[str], src: Path) -> None:
-    quantized = [k for k in keys if k.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES]
-    if quantized:
+def _check_not_quantized(source: _Source, src: Path) -> None:
+    """Refuse a quantized checkpoint: scale or packed tensors (FP8 block scales, compressed-tensors INT4) or tensors
+    stored in a dtype that is not a float one (FP8 weights, the packed integers of GPTQ / AWQ / bitsandbytes)."""
+    scales = [k for k in source.keys() if k.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES]
+    stored = [f"{k} stored as {code}" for k in source.keys() if (code := source.dtype_code(k)) not in FLOAT_CODES]
+    if scales or stored:
+        example = f"{scales[0]}: FP8 block scales or compressed-tensors INT4" if scales else stored[0]
         raise CheckpointError(
-            f"{src} holds quantized tensors (e.g. {quantized[0]}: FP8 block scales or compressed-tensors INT4); "
-            "kimi-vl imports bf16/fp16/fp32 weights only. Dequantize the checkpoint to bf16 first."
+            f"{src} holds quantized tensors (e.g. {example}); kimi-vl imports bf16/fp16/fp32 weights only. "
+            "Dequantize the checkpoint to bf16 first."
         )
 
 
@@ -620,15 +628,23 @@ def _copy_tokenizer_files(src: Path, dst: Path) -> None:
 def _tokenizer_modules(src: Path) -> tuple[str, ...]:
     """The `module.py` files holding the tokenizer classes that `src/tokenizer_config.json`'s `auto_map` names
     (`"AutoTokenizer": ["module.Class", fast or null]`, or the older bare pair; a `repo--module.Class` reference
-    lives in another repository)."""
+    lives in another repository), with the modules they import relatively (the released K2 / K2.5
+    `tokenization_kimi.py` imports `.tool_declaration_ts`), as transformers loads them."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
     try:
         auto_map = json.loads((src / "tokenizer_config.json").read_text(encoding="utf-8")).get("auto_map")
     except (OSError, ValueError, AttributeError):  # none, unreadable or not an object: it names no module
         return ()
     refs = auto_map.get("AutoTokenizer") if isinstance(auto_map, dict) else auto_map
     refs = refs if isinstance(refs, list) else [refs]
-    return tuple(sorted({f"{ref.rsplit('.', 1)[0]}.py" for ref in refs
-                         if isinstance(ref, str) and "." in ref and "--" not in ref}))
+    modules = {f"{ref.rsplit('.', 1)[0]}.py" for ref in refs if isinstance(ref, str) and "." in ref and "--" not in ref}
+    for module in sorted(modules):
+        try:
+            modules.update(Path(f).name for f in get_relative_import_files(src / module))
+        except OSError:  # the module, or one it imports, is not in `src`: it does not load there either
+            continue
+    return tuple(sorted(modules))
 
 
 def convert_deepseek_v3(src_dir: str | Path, dst_dir: str | Path, *, max_shard_bytes: int = DEFAULT_SHARD_BYTES,
@@ -644,7 +660,7 @@ def convert_deepseek_v3(src_dir: str | Path, dst_dir: str | Path, *, max_shard_b
     cfg = deepseek_v3_config_to_text_config(raw, **config_overrides)
     source = _Source(src)
     keys = source.keys()
-    _check_not_quantized(keys, src)
+    _check_not_quantized(source, src)
     text, head = _text_keys(keys, ("model.",), ("lm_head.weight",))
     unknown = sorted(set(keys) - set(text.values()) - {head})
     if unknown:
@@ -656,7 +672,7 @@ def convert_deepseek_v3(src_dir: str | Path, dst_dir: str | Path, *, max_shard_b
     _check_specs(specs, KimiTextForCausalLM, cfg, src, "lm_head.weight" if tied else None)
     cfg.architectures = ["KimiTextForCausalLM"]
     cfg.dtype = _dtype_of(specs)
-    with staged_directory(dst, overwrite) as tmp:
+    with staged_directory(dst, overwrite, src) as tmp:
         write_streamed_shards(specs, tmp, max_shard_bytes)
         cfg.save_pretrained(tmp)
         _copy_tokenizer_files(src, tmp)
@@ -733,7 +749,7 @@ def convert_kimi_k25(src_dir: str | Path, dst_dir: str | Path, *, max_shard_byte
     text_cfg = config.text_config
     source = _Source(src)
     keys = source.keys()
-    _check_not_quantized(keys, src)
+    _check_not_quantized(source, src)
     text, head = _text_keys(keys, K25_TEXT_PREFIXES, K25_HEAD_KEYS)
     vision, projector, unknown = collect_vision_weights(
         [k for k in keys if k.startswith(VISION_PREFIXES + PROJECTOR_PREFIXES)], source.get, "kimi_k25",
@@ -756,7 +772,7 @@ def convert_kimi_k25(src_dir: str | Path, dst_dir: str | Path, *, max_shard_byte
     _check_specs(specs, KimiVLForConditionalGeneration, config, src, "language_model.lm_head.weight" if tied else None)
     config.architectures = ["KimiVLForConditionalGeneration"]
     config.dtype = text_cfg.dtype = _dtype_of(specs)
-    with staged_directory(dst, overwrite) as tmp:
+    with staged_directory(dst, overwrite, src) as tmp:
         write_streamed_shards(specs, tmp, max_shard_bytes)
         config.save_pretrained(tmp)
         _copy_tokenizer_files(src, tmp)

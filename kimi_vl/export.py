@@ -294,14 +294,11 @@ def export_remote_code(model_dir: str | Path, out_dir: str | Path, *, overwrite:
         return add_remote_code(out)
     if out.resolve().is_relative_to(src.resolve()):
         raise CheckpointError(f"{out} lies inside the checkpoint {src}; export to a folder outside it.")
-    if src.resolve().is_relative_to(out.resolve()):
-        raise CheckpointError(f"{out} holds the checkpoint {src}: replacing it would delete the checkpoint; export to "
-                              "a folder outside it.")
 
     def records(folder: str, names: list[str]) -> set[str]:
         return TRAINING_RECORDS & set(names) if Path(folder).resolve() == src.resolve() else set()
 
-    with staged_directory(out, overwrite) as tmp:
+    with staged_directory(out, overwrite, src) as tmp:
         shutil.copytree(src, tmp, ignore=records, dirs_exist_ok=True)
         _write_card(tmp, out.resolve().name, card)
         add_remote_code(tmp)

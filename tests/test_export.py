@@ -327,7 +327,7 @@ def test_export_leaves_out_training_records_and_never_mixes_checkpoints(checkpoi
     assert export_remote_code(stage, stage) == stage and (stage / "state").is_dir()  # in place: nothing removed
     (tmp_path / "precious.txt").write_text("x")  # exporting over the folder that holds the checkpoint
     assert main(["export", str(stage), str(tmp_path), "--overwrite"]) == 2
-    assert "would delete the checkpoint" in capsys.readouterr().err
+    assert "would delete the source" in capsys.readouterr().err
     assert (stage / "state" / "step_00000010" / "optimizer.pt").is_file() and (tmp_path / "precious.txt").is_file()
 
 

@@ -77,6 +77,33 @@ def load_config_json(src: Path, expected: tuple[str, ...], converter: str,
     return raw
 
 
+def safetensors_files(src: Path, *, complete: bool = True) -> list[Path]:
+    """The weight files of the checkpoint directory `src`, sorted, chosen as transformers' `from_pretrained` chooses
+    them: `model.safetensors`, else the shards that `model.safetensors.index.json` names (a stale shard of an
+    earlier download beside them is not read), else every `*.safetensors`. `CheckpointError` when a shard the index
+    names is absent (unless not `complete`: then the present ones) or when there are none (saying how to re-save
+    PyTorch pickle weights, `pytorch_model*.bin`, which kimi-vl never unpickles)."""
+    index = src / "model.safetensors.index.json"
+    if (src / "model.safetensors").is_file():
+        files = [src / "model.safetensors"]
+    elif index.is_file():
+        names = set(read_config_file(index).get("weight_map", {}).values())
+        absent = sorted(name for name in names if not (src / name).is_file())
+        if absent and complete:
+            raise CheckpointError(f"{src}: shards listed in model.safetensors.index.json are missing: {absent[:3]}; "
+                                  "download the complete checkpoint.")
+        files = sorted(src / name for name in names if (src / name).is_file())
+    else:
+        files = sorted(src.glob("*.safetensors"))
+    if not files:
+        pickles = sorted(p.name for p in src.glob("*.bin"))
+        found = (f" It holds PyTorch pickle weights ({pickles[0]}), which kimi-vl does not unpickle: re-save them as "
+                 "safetensors (transformers' `from_pretrained(src)` then `save_pretrained(new_dir)` writes them) and "
+                 "convert that directory.") if pickles else ""
+        raise CheckpointError(f"No *.safetensors files in {src}; kimi-vl reads safetensors checkpoints only." + found)
+    return files
+
+
 def read_source_config(src: Path) -> tuple[MoonViTConfig, str]:
     """The `MoonViTConfig` equivalent to the source's vision (and projector) config, and the source model_type."""
     raw = load_config_json(src, MODEL_TYPES, "convert_kimi_k25_vision")
@@ -143,9 +170,13 @@ def map_vision_key(key: str) -> tuple[str, str | None] | None:
 
 
 @contextmanager
-def staged_directory(dst: Path, overwrite: bool = False) -> Iterator[Path]:
+def staged_directory(dst: Path, overwrite: bool = False, source: Path | None = None) -> Iterator[Path]:
     """Yield a fresh temporary sibling of `dst`; on success it replaces `dst` (rename), on failure it is removed, so
-    `dst` never holds a partial result. An existing non-empty `dst` is refused unless `overwrite`."""
+    `dst` never holds a partial result. An existing non-empty `dst` is refused unless `overwrite`, and a `dst` that is
+    or holds the `source` folder is refused always (replacing it would delete the source)."""
+    if source is not None and source.resolve().is_relative_to(dst.resolve()):
+        raise CheckpointError(f"{dst} is or holds the source {source}: replacing it would delete the source; write to "
+                              "a folder outside it.")
     if dst.exists() and (not dst.is_dir() or any(dst.iterdir())) and not overwrite:
         raise CheckpointError(f"{dst} already exists and is not empty; remove it, choose another destination, or pass "
                               "overwrite=True (--overwrite).")
@@ -181,21 +212,21 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path, *, overwri
         `dst_dir` as a `Path`.
 
     Raises:
-        CheckpointError: missing `config.json` or weights, a wrong `model_type`, no vision weights, or vision
-            weights that do not fill the model described by the config.
+        CheckpointError: missing `config.json` or weights, a wrong `model_type`, no vision weights, vision or
+            projector tensors it does not recognise, or vision weights that do not fill the model described by the
+            config.
     """
     src, dst = Path(src_dir), Path(dst_dir)
     config, model_type = read_source_config(src)
-    shards = sorted(src.glob("*.safetensors"))
-    if not shards:
-        raise CheckpointError(f"no *.safetensors files in {src}; only safetensors checkpoints are supported.")
-
-    handles = [safe_open(str(shard), framework="pt") for shard in shards]
+    handles = [safe_open(str(shard), framework="pt") for shard in safetensors_files(src, complete=False)]
     where = {key: h for h in handles for key in h.keys()}
-    vision, projector, _ = collect_vision_weights(where, lambda key: where[key].get_tensor(key), model_type,
-                                                  config.num_attention_heads, src)
+    vision, projector, unknown = collect_vision_weights(where, lambda key: where[key].get_tensor(key), model_type,
+                                                        config.num_attention_heads, src)
     if not vision:
         raise CheckpointError(f"{src} holds no vision-tower weights (expected keys under {VISION_PREFIXES}).")
+    if unknown:
+        raise CheckpointError(f"{src}: unrecognised vision-tower or projector tensors {sorted(unknown)[:5]}; kimi-vl's "
+                              "MoonViT-3D has no place for them (is this a MoonViT of another design?).")
 
     check_complete(MoonViTModel, config, vision, src, "vision tower")
     if model_type == "kimi_k25":
@@ -205,7 +236,7 @@ def convert_kimi_k25_vision(src_dir: str | Path, dst_dir: str | Path, *, overwri
         check_complete(lambda c: MoonViTProjector.from_config(c), config, projector, src, "projector")
 
     config.architectures = [MoonViTModel.__name__]
-    with staged_directory(dst, overwrite) as tmp:
+    with staged_directory(dst, overwrite, src) as tmp:
         config.save_pretrained(tmp)
         save_file({k: v.contiguous() for k, v in vision.items()}, str(tmp / "model.safetensors"),
                   metadata={"format": "pt"})

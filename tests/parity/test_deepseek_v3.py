@@ -188,5 +188,13 @@ def test_bad_inputs_leave_nothing(pair, tmp_path):
     save_file(state, broken / "model.safetensors")
     with pytest.raises(CheckpointError, match="expert 1's up_proj"):
         convert_deepseek_v3(broken, tmp_path / "out")
+    # FP8 weights without scale tensors, or GPTQ's packed integers, are quantized too: refused with what to do.
+    for name, quantized in (("weight", state[victim.replace("up_proj", "gate_proj")].to(torch.float8_e4m3fn)),
+                            ("qweight", torch.zeros(3, 24, dtype=torch.int32))):
+        state[victim.replace("weight", name)] = quantized
+        save_file(state, broken / "model.safetensors")
+        with pytest.raises(CheckpointError, match="holds quantized tensors.*Dequantize the checkpoint"):
+            convert_deepseek_v3(broken, tmp_path / "out")
+        del state[victim.replace("weight", name)]
     assert not (tmp_path / "out").exists()
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".out")]

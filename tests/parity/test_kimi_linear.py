@@ -226,6 +226,19 @@ def test_convert_into_an_existing_folder_needs_overwrite_and_never_mixes_checkpo
     assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4
 
 
+def test_convert_over_its_own_source_is_refused_even_with_overwrite(tmp_path):
+    """`--overwrite` replaces the destination whole: a destination that is the source, or a folder holding it,
+    would lose the source (and everything beside it), so it is refused before anything is written."""
+    src = tmp_path / "downloads" / "kimi-linear"
+    _hf_model("hybrid", seed=0).save_pretrained(src)
+    (tmp_path / "downloads" / "other.txt").write_text("x")
+    before = sorted(p.name for p in src.iterdir())
+    for dst in (src, src.parent, tmp_path):
+        with pytest.raises(CheckpointError, match="is or holds the source .* would delete the source"):
+            convert_kimi_linear(src, dst, overwrite=True)
+    assert sorted(p.name for p in src.iterdir()) == before and (tmp_path / "downloads" / "other.txt").is_file()
+
+
 REMOTE_TOKENIZER = '''
 from transformers import PreTrainedTokenizer
 
@@ -276,3 +289,97 @@ def test_remote_code_tokenizer_of_a_released_repo_loads_from_the_conversion(tmp_
     tok = AutoTokenizer.from_pretrained(tmp_path / "dst", trust_remote_code=True)
     assert type(tok).__name__ == "TikTokenTokenizer" and tok("abc").input_ids == [3, 4, 5]
     assert tok.apply_chat_template([{"role": "user", "content": "ab"}], tokenize=False) == "ab<|im_end|>"
+
+
+def test_remote_code_tokenizer_helpers_imported_relatively_are_carried(tmp_path):
+    """The released K2 / K2.5 `tokenization_kimi.py` imports `.tool_declaration_ts`: that module (and what it imports
+    in turn) is carried too, or transformers cannot load the tokenizer from the converted directory."""
+    from transformers import AutoTokenizer
+
+    src = tmp_path / "src"
+    _hf_model("hybrid").save_pretrained(src)
+    (src / "tokenization_kimi.py").write_text("from .tool_declaration_ts import encode_tools\n" + REMOTE_TOKENIZER)
+    (src / "tool_declaration_ts.py").write_text("from .ts_types import NAME\n\n\ndef encode_tools(tools):\n"
+                                                "    return NAME + str(tools)\n")
+    (src / "ts_types.py").write_text("NAME = 'ts'\n")
+    (src / "tiktoken.model").write_text("ranks")
+    (src / "tokenizer_config.json").write_text(json.dumps({
+        "auto_map": {"AutoTokenizer": ["tokenization_kimi.TikTokenTokenizer", None]},
+        "tokenizer_class": "TikTokenTokenizer", "bos_token": "[BOS]", "eos_token": "[EOS]"}))
+    convert_kimi_linear(src, tmp_path / "dst")
+    assert {"tool_declaration_ts.py", "ts_types.py"} <= {p.name for p in (tmp_path / "dst").iterdir()}
+    tok = AutoTokenizer.from_pretrained(tmp_path / "dst", trust_remote_code=True)
+    assert tok("abc").input_ids == [3, 4, 5]
+
+
+@pytest.mark.parametrize("quantization", ["fp8_block_scales", "fp8_weights", "gptq"])
+def test_quantized_checkpoint_is_refused_with_what_to_do(tmp_path, quantization):
+    """FP8 weights (with or without their `weight_scale_inv` block scales) and GPTQ's packed integers are refused,
+    naming a tensor, rather than failing on unexpected keys or being written out as they are."""
+    from safetensors.torch import load_file, save_file
+
+    src = tmp_path / "src"
+    _hf_model("hybrid").save_pretrained(src)
+    state = load_file(src / "model.safetensors")
+    key = next(k for k in state if k.endswith("self_attn.q_proj.weight"))
+    if quantization == "gptq":
+        state[key.replace(".weight", ".qweight")] = state.pop(key).to(torch.int32)
+    else:
+        state[key] = state[key].to(torch.float8_e4m3fn)
+        if quantization == "fp8_block_scales":
+            state[key + "_scale_inv"] = torch.ones(1, 1)
+    save_file(state, src / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"holds quantized tensors \(e\.g\. model\.layers\.\d+\.self_attn\.q_"
+                                              r".*Dequantize the checkpoint to bf16 first"):
+        convert_kimi_linear(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_weights_of_other_shapes_than_the_config_says_are_refused(tmp_path):
+    """A config.json that does not describe the weights beside it (here: another `moe_intermediate_size`) is named at
+    conversion, not written into a checkpoint that `from_pretrained` then cannot load."""
+    src = tmp_path / "src"
+    _hf_model("hybrid").save_pretrained(src)
+    raw = json.loads((src / "config.json").read_text())
+    (src / "config.json").write_text(json.dumps({**raw, "moe_intermediate_size": 16}))
+    with pytest.raises(CheckpointError, match=r"model\.layers\.1\.mlp\.experts\.w1 is \(6, 24, 48\) in the checkpoint "
+                                              r"but \(6, 16, 48\) in the model its config\.json describes"):
+        convert_kimi_linear(src, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_pickle_checkpoint_is_refused_with_how_to_resave_it(tmp_path):
+    """A `pytorch_model.bin` checkpoint is never unpickled: the error names it and says how to get safetensors."""
+    from kimi_vl.convert import convert_kimi_k25_vision
+
+    model = _hf_model("hybrid")
+    model.config.save_pretrained(tmp_path / "src")
+    torch.save(model.state_dict(), tmp_path / "src" / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match=r"No \*\.safetensors files .* It holds PyTorch pickle weights "
+                                              r"\(pytorch_model\.bin\).*save_pretrained\(new_dir\)"):
+        convert_kimi_linear(tmp_path / "src", tmp_path / "out")
+    (tmp_path / "src" / "config.json").write_text(json.dumps({"model_type": "kimi_k25_vision"}))
+    with pytest.raises(CheckpointError, match=r"pickle weights \(pytorch_model\.bin\)"):
+        convert_kimi_k25_vision(tmp_path / "src", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_stale_shards_beside_the_index_are_not_read(tmp_path):
+    """A new revision downloaded into the folder of an earlier one (more shards) leaves the old shards there: the
+    files `model.safetensors.index.json` names are read, as transformers reads them, never a mix of both revisions."""
+    import shutil
+
+    from transformers import KimiLinearForCausalLM
+
+    _hf_model("hybrid", seed=0).save_pretrained(tmp_path / "old", max_shard_size="60KB")
+    _hf_model("hybrid", seed=1).save_pretrained(tmp_path / "src", max_shard_size="100KB")
+    stale = [f for f in (tmp_path / "old").glob("model-*.safetensors") if not (tmp_path / "src" / f.name).exists()]
+    assert stale
+    for f in stale:
+        shutil.copy(f, tmp_path / "src" / f.name)
+    convert_kimi_linear(tmp_path / "src", tmp_path / "ours")
+    ids, mask = _padded_batch()
+    with torch.no_grad():
+        ref = KimiLinearForCausalLM.from_pretrained(tmp_path / "src").eval()(ids, attention_mask=mask).logits
+        got = KimiTextForCausalLM.from_pretrained(tmp_path / "ours").eval()(ids, attention_mask=mask).logits
+    assert (got[mask.bool()] - ref[mask.bool()]).abs().max() < 1e-4

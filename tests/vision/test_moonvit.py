@@ -223,6 +223,26 @@ def test_converter_errors(full, tmp_path):
         convert_kimi_k25_vision(text_only, tmp_path / "out")
 
 
+def test_converter_refuses_vision_tensors_it_does_not_recognise(full, tmp_path):
+    """A vision-tower or projector tensor with no place in MoonViT-3D is named, as `convert_kimi_k25` names it, never
+    dropped: the tower would compute without it."""
+    _, src, _, _ = full
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    for f in src.iterdir():
+        (extra / f.name).write_bytes(f.read_bytes())
+    added = {"vision_tower.encoder.blocks.0.attn.q_norm.weight": torch.ones(16),
+             "mm_projector.proj.1.weight": torch.ones(4)}
+    save_file(added, str(extra / "extra.safetensors"))
+    index = json.loads((extra / "model.safetensors.index.json").read_text())
+    index["weight_map"].update(dict.fromkeys(added, "extra.safetensors"))
+    (extra / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"unrecognised vision-tower or projector tensors \['mm_projector\.proj"
+                                              r"\.1\.weight', 'vision_tower\.encoder\.blocks\.0\.attn\.q_norm"):
+        convert_kimi_k25_vision(extra, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
