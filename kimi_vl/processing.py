@@ -12,7 +12,9 @@ both counts. Outputs use transformers' key names: `input_ids`, `attention_mask`,
 `pixel_values_videos`, `video_grid_thw` (one row per temporal chunk).
 
 Media are read with `kimi_vl.vision.load_image` / `load_video` (through the image and video processors): local
-paths, `file://` URLs, PIL images, numpy arrays, and decoded video frames; never the network.
+paths, `file://` URLs, PIL images, numpy arrays, decoded video frames, and videos given as their frames' image files
+(`videos=[[[f0, f1, ...]]]`, transformers' nesting; what a chat template's `{"type": "video", "video": [f0, f1, ...]}`
+becomes); never the network.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ from .tokenization.special_tokens import (
     MEDIA_START,
     VIDEO_PLACEHOLDER,
 )
-from .vision.video_processing import fspath_videos
+from .vision.video_processing import fspath_videos, read_frame_lists
 
 logger = logging.get_logger(__name__)
 
@@ -147,11 +149,6 @@ class KimiVLProcessor(ProcessorMixin):
         self.video_token_id = tokenizer.convert_tokens_to_ids(VIDEO_PLACEHOLDER)
 
     # ------------------------------------------------------------------ inputs
-    def prepare_inputs_layout(self, images=None, text=None, videos=None, audio=None, **kwargs):
-        if videos is not None:
-            videos = fspath_videos(videos)
-        return super().prepare_inputs_layout(images=images, text=text, videos=videos, audio=audio, **kwargs)
-
     def validate_inputs(self, images=None, text=None, videos=None, audio=None, **kwargs):
         """Placeholder counts must match the media counts (`InvalidMediaError` naming both), then transformers'
         own checks."""
@@ -185,6 +182,8 @@ class KimiVLProcessor(ProcessorMixin):
             raise ConfigError(f"text must be a string or a non-empty list of strings, got {_describe(text)}.")
         if audio is not None:
             raise InvalidMediaError("Kimi-VL reads text, images and videos, not audio; leave audio out.")
+        # before counting: `os.PathLike` files as `str`, and a video given as its frames' image files read as one video
+        videos = read_frame_lists(fspath_videos(videos))
         if text is not None:  # before the empty per-text video lists are dropped
             samples = [text] if isinstance(text, str) else text
             _check_media_per_sample(samples, videos, self.video_token, "video", _count_videos)

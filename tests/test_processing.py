@@ -137,6 +137,15 @@ def test_one_video_list_per_text(proc):
     assert (out["input_ids"] == proc.video_token_id).sum(-1).tolist() == [2, 0]
 
 
+def test_per_text_video_lists_of_pathlike_files(proc, media):
+    """`pathlib.Path` video files in per-text lists count as the `str` paths do (they were dropped when counting)."""
+    kwargs = {"num_frames": 4, "padding": True, "return_tensors": "pt"}
+    expected = proc(text=["the cat", VIDEO_PLACEHOLDER], videos=[[], [str(media["video"])]], **kwargs)
+    out = proc(text=["the cat", VIDEO_PLACEHOLDER], videos=[[], [media["video"]]], **kwargs)
+    for key in ("input_ids", "pixel_values_videos", "video_grid_thw"):
+        assert torch.equal(out[key], expected[key]), key
+
+
 @pytest.mark.parametrize("text, match", [([], "an empty list"), (5, "of type int"), ([1, "a"], "a list of int, str")])
 def test_text_must_be_strings(proc, text, match):
     with pytest.raises(ConfigError, match=f"text must be a string or a non-empty list of strings, got {match}"):
@@ -360,6 +369,33 @@ def test_chat_template_video(proc, tok, media):
         messages, add_generation_prompt=True, tokenize=True, return_dict=True, processor_kwargs={"num_frames": 6}
     )
     assert again["input_ids"] == out["input_ids"]
+
+
+def test_chat_template_video_of_frame_files(proc, tok, media, tmp_path):
+    """A video part given as a list of frame image files (transformers' convention) is one video of those frames,
+    through the chat template and a direct call with transformers' nesting, also beside a video file."""
+    frames = np.stack([_noise(28, 28, seed=i) for i in range(6)])
+    paths = []
+    for i, frame in enumerate(frames):
+        paths.append(str(tmp_path / f"frame{i}.png"))
+        Image.fromarray(frame).save(paths[-1])
+    expected = proc(text=VIDEO_PLACEHOLDER, videos=[frames], do_sample_frames=False, return_tensors="pt")
+    messages = _user({"type": "video", "video": paths}, {"type": "text", "text": "Code it."})
+    chat = proc.apply_chat_template(messages, tokenize=True, return_dict=True, return_tensors="pt",
+                                    processor_kwargs={"do_sample_frames": False})
+    direct = proc(text=VIDEO_PLACEHOLDER, videos=[[paths]], do_sample_frames=False, return_tensors="pt")
+    for out in (chat, direct):
+        for key in ("pixel_values_videos", "video_grid_thw"):
+            assert torch.equal(out[key], expected[key]), key
+        assert int((out["input_ids"] == proc.video_token_id).sum()) == int((expected["input_ids"] == proc.video_token_id).sum())
+    file = proc(text=VIDEO_PLACEHOLDER, videos=[media["video"]], num_frames=4, return_tensors="pt")
+    frames4 = proc(text=VIDEO_PLACEHOLDER, videos=[frames], num_frames=4, return_tensors="pt")
+    counts = [int((x["input_ids"] == proc.video_token_id).sum()) for x in (file, frames4)]
+    for texts, videos in (([VIDEO_PLACEHOLDER, VIDEO_PLACEHOLDER], [[media["video"]], [paths]]),
+                          ([VIDEO_PLACEHOLDER * 2], [[media["video"], paths]])):
+        out = proc(text=texts, videos=videos, num_frames=4, padding=True, return_tensors="pt")
+        assert (out["input_ids"] == proc.video_token_id).sum(-1).tolist() in (counts, [sum(counts)])
+        assert out["video_grid_thw"][:, 0].tolist() == [4, 4]
 
 
 def test_chat_template_batch_text_only_conversation(proc, media):

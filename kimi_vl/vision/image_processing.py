@@ -146,8 +146,8 @@ class MoonViTImageProcessor(TorchvisionBackend):
 
     Accepts one image or a list (nested lists allowed) of paths, `file://` URLs, PIL images, uint8 numpy arrays
     (`[H, W]`, `[H, W, C]`, `[C, H, W]`, or `[N, ...]` for N images; all read through `media.load_image`) or
-    already-decoded torch tensors (uint8, or floats in 0..255; floats in [0, 1] need `do_rescale=False`). Settings
-    may be overridden per call.
+    already-decoded torch tensors and float numpy arrays (uint8, or floats in 0..255; floats in [0, 1] need
+    `do_rescale=False`; channels as transformers infers them). Settings may be overridden per call.
     """
 
     do_resize = True
@@ -165,13 +165,16 @@ class MoonViTImageProcessor(TorchvisionBackend):
     model_input_names = ["pixel_values", "image_grid_thw"]
 
     def fetch_images(self, image_url_or_urls: Any) -> Any:
-        """Read every non-tensor entry with `media.load_image` (RGB PIL image); lists keep their nesting and a 4-D
-        numpy array `[N, ...]` is a list of N images (as a 4-D tensor is)."""
+        """Read every non-tensor entry with `media.load_image` (RGB PIL image), except float numpy arrays, which are
+        read as the same float tensor (as transformers reads them); lists keep their nesting and a 4-D numpy array
+        `[N, ...]` is a list of N images (as a 4-D tensor is)."""
         if isinstance(image_url_or_urls, (list, tuple)) or (
                 isinstance(image_url_or_urls, np.ndarray) and image_url_or_urls.ndim == 4):
             return [self.fetch_images(x) for x in image_url_or_urls]
         if isinstance(image_url_or_urls, torch.Tensor):
             return image_url_or_urls
+        if isinstance(image_url_or_urls, np.ndarray) and np.issubdtype(image_url_or_urls.dtype, np.floating):
+            return torch.from_numpy(np.ascontiguousarray(image_url_or_urls))  # read as the same float tensor
         return load_image(image_url_or_urls)
 
     def _validate_preprocess_kwargs(self, size: SizeDict | None = None, **kwargs: Any) -> None:

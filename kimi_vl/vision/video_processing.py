@@ -5,7 +5,9 @@ Frames: a video file (path or `file://` URL) is read with decord through `media.
 `do_sample_frames=False` keeps every frame (still at most `max_frames`); variable-frame-rate files are sampled by
 presentation time and their metadata (`TimedVideoMetadata`) carries the sample times. Decoded frames (a
 `[T, H, W, 3]` / `[T, 3, H, W]` array or tensor, or a list of frames) are sampled the same way from `video_metadata`
-(`total_num_frames`, `fps`) when `do_sample_frames` is on; sampling by fps then needs the metadata's `fps`.
+(`total_num_frames`, `fps`) when `do_sample_frames` is on; sampling by fps then needs the metadata's `fps`. A video
+given as a list of its frames' image files (transformers' convention: `[[[frame0.png, frame1.png, ...]]]`, as chat
+templates pass `{"type": "video", "video": [frame paths]}`) is read with `media.load_image` and is decoded frames.
 
 Each frame is resized and padded exactly like an image (`image_processing.fit_to_patch_budget`, default budget
 4096 patches per frame), normalised and patchified. The frames of a video are split into chunks of
@@ -36,7 +38,7 @@ from transformers.video_utils import VideoMetadata, make_batched_videos
 
 from ..errors import InvalidMediaError
 from .image_processing import check_not_rescaled, check_square_size, patch_grid, patchify, resize_and_pad
-from .media import DEFAULT_MAX_FRAMES, VideoFrames, load_video, sample_frame_indices
+from .media import DEFAULT_MAX_FRAMES, VideoFrames, load_image, load_video, sample_frame_indices
 
 
 class MoonViTVideoProcessorKwargs(VideosKwargs, total=False):
@@ -97,6 +99,22 @@ def _has_file(videos: Any) -> bool:
     return isinstance(videos, (str, os.PathLike))
 
 
+def _is_frame_list(video: Any) -> bool:
+    """Whether `video` is one video given as a list of its frames' image files (paths, `file://` URLs or `data:`
+    URIs), as transformers' chat templates pass `{"type": "video", "video": [frame, ...]}`."""
+    return isinstance(video, (list, tuple)) and bool(video) and all(isinstance(f, (str, os.PathLike)) for f in video)
+
+
+def read_frame_lists(videos: Any) -> Any:
+    """`videos` (a batch: a list of per-text lists of videos) with each video given as a list of its frames' image
+    files (transformers' nesting `[[[f0, f1, ...]]]`) read with `media.load_image` into a list of RGB PIL frames;
+    everything else unchanged (`[[a, b]]` stays one text's two video files)."""
+    if not isinstance(videos, (list, tuple)):
+        return videos
+    return [[[load_image(f) for f in v] if _is_frame_list(v) else v for v in text] if isinstance(text, (list, tuple))
+            else text for text in videos]
+
+
 def _join(values: list[Any]) -> Any:
     """One output key of several `preprocess` calls, concatenated along the first axis (tensors, arrays, lists)."""
     if isinstance(values[0], torch.Tensor):
@@ -147,9 +165,10 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
 
     def preprocess(self, videos: Any, **kwargs: Any) -> BatchFeature:
         """Process one video or a list of videos (per-sample lists allowed): file paths / `file://` URLs, decoded
-        frames, or a mix of both."""
+        frames, lists of frame image files, or a mix of them."""
+        videos = read_frame_lists(fspath_videos(videos))
         if _has_file(videos):
-            videos = make_batched_videos(fspath_videos(videos))  # one flat list: [[a], [b, c]] -> [a, b, c]
+            videos = make_batched_videos(videos)  # one flat list: [[a], [b, c]] -> [a, b, c]
             if not all(isinstance(v, str) for v in videos):
                 return self._preprocess_each(videos, kwargs)
             videos, kwargs["video_metadata"] = self._read_files(videos, kwargs)
@@ -261,4 +280,5 @@ class MoonViTVideoProcessor(BaseVideoProcessor):
 
 __all__ = [
     "MoonViTVideoProcessor", "MoonViTVideoProcessorKwargs", "TimedVideoMetadata", "clip_metadata", "fspath_videos",
+    "read_frame_lists",
 ]

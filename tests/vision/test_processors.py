@@ -94,6 +94,17 @@ def test_numpy_layouts_equal_a_list_of_channels_last_arrays(image_pair):
         assert_same(ours(images, return_tensors="pt"), expected, ["pixel_values", "image_grid_thw"])
 
 
+def test_float_numpy_arrays_are_read_as_float_tensors(image_pair):
+    """Float numpy arrays (0..255, or [0, 1] with `do_rescale=False`) are processed as transformers processes them,
+    like the equivalent float tensor, not refused."""
+    ours, ref = image_pair
+    batch = np.stack([_noise(30, 45, seed=0), _noise(30, 45, seed=1)]).astype(np.float32)
+    for images, kwargs in ((batch, {}), (list(batch.astype(np.float64) / 255), {"do_rescale": False})):
+        out = ours(images, return_tensors="pt", **kwargs)
+        assert_same(out, ref(images, return_tensors="pt", **kwargs), ["pixel_values", "image_grid_thw"])
+        assert_same(out, ours(torch.from_numpy(np.stack(images)), return_tensors="pt", **kwargs), ["pixel_values"])
+
+
 def test_padding_is_black_and_normalised_to_minus_one():
     processor = MoonViTImageProcessor(**KIMI_SETTINGS)
     out = processor(Image.new("RGB", (15, 15), (255, 255, 255)), return_tensors="pt")
@@ -248,6 +259,21 @@ def test_video_files_mixed_with_frames_and_per_sample_lists(video_pair, tmp_path
         out = ours(videos, num_frames=3, video_metadata=metadata, return_metadata=True, return_tensors="pt")
         assert_same(out, files, ["pixel_values_videos", "video_grid_thw", "num_chunks_per_video"])
         assert [list(m.frames_indices) for m in out["video_metadata"]] == [[0, 2, 4], [0, 2, 4]]
+
+
+def test_video_as_list_of_frame_files(video_pair, tmp_path):
+    """A video given as its frames' image files (transformers' nesting `[[[f0, f1, ...]]]`, as chat templates pass
+    it) is one video read with Pillow, as transformers' processor reads it, not one video file per frame."""
+    ours, ref = video_pair
+    frames = np.stack([_noise(30, 45, seed=i) for i in range(5)])
+    paths = []
+    for i, frame in enumerate(frames):
+        paths.append(tmp_path / f"frame{i}.png")
+        Image.fromarray(frame).save(paths[-1])
+    expected = ref(frames, do_sample_frames=False, return_tensors="pt")
+    for videos in ([[[str(p) for p in paths]]], [[paths]]):
+        out = ours(videos, do_sample_frames=False, return_tensors="pt")
+        assert_same(out, expected, ["pixel_values_videos", "video_grid_thw", "num_chunks_per_video"])
 
 
 def test_video_errors(video_pair, tmp_path):
