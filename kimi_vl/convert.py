@@ -61,7 +61,6 @@ __all__ = ["assemble_kimi_vl", "convert_deepseek_v3", "convert_kimi_k25", "conve
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tiktoken.model",
                    "generation_config.json", "chat_template.jinja")
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json", "video_preprocessor_config.json")
 DEFAULT_SHARD_BYTES = 4 * 1024**3
 
 
