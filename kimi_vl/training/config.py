@@ -58,6 +58,12 @@ class RunConfig:
                                 if fields.get(k, ("",))[0] == section}
         return out
 
+    def flat(self) -> dict[str, Any]:
+        """`to_dict` with its sections merged: the stage, preset, seed and every setting of the stage by name (what
+        the trainer gives `report_to`'s trackers as hyperparameters)."""
+        out = self.to_dict()
+        return {k: v for key, value in out.items() for k, v in (value.items() if key in SECTIONS else [(key, value)])}
+
 
 def _check_stage(stage: str) -> None:
     if stage not in STAGES:

@@ -110,7 +110,8 @@ def summary_line(s: dict[str, Any]) -> str:
         parts.append(f"mean reward {s['reward_first_fifth']:.3f} in the first fifth of the steps, "
                      f"{s['reward_last_fifth']:.3f} in the last")
     if s.get("steps_without_targets"):
-        parts.append(f"{s['steps_without_targets']} steps skipped without a loss target")
+        n = s["steps_without_targets"]
+        parts.append(f"{n} step{'' if n == 1 else 's'} skipped without a loss target")
     if s.get("bad_records"):
         parts.append(f"{s['bad_records']} bad records skipped (data_errors.jsonl)")
     if s.get("wall_time_s") is not None:
@@ -300,7 +301,7 @@ def _train(cfg: RunConfig, model: KimiVLForConditionalGeneration, processor: Kim
     trainer = Trainer(model, data, cfg.train, out_dir, val_data=val, desc=cfg.stage,
                       fingerprint=data_fingerprint(mixture, cfg.seed, screencasts=cfg.stage == "pretrain"),
                       allow_data_change=cfg.data.allow_data_change,
-                      num_workers=cfg.data.num_workers)
+                      num_workers=cfg.data.num_workers, hyperparameters=cfg.flat())
     if trainer.accelerator.is_main_process:
         write_run_config(cfg, out_dir)
     last = trainer.train()
@@ -465,7 +466,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     label = "+".join(data.families) if prompts is None else "data"
     trainer = Trainer(model, RLStep(source, processor, cfg.rl, seed=cfg.seed, ref_model=ref_model), cfg.train, out_dir,
                       desc=f"rl ({label})", fingerprint=data_fingerprint(prompts and prompts.mixture, cfg.seed),
-                      allow_data_change=data.allow_data_change)
+                      allow_data_change=data.allow_data_change, hyperparameters=cfg.flat())
     if trainer.accelerator.is_main_process:
         write_run_config(cfg, out_dir)
     trainer.train()

@@ -60,10 +60,11 @@ def scalars(record: dict[str, Any]) -> dict[str, float]:
     return flat
 
 
-def hyperparameters(cfg: Any) -> dict[str, bool | int | float | str]:
-    """A `TrainConfig` as the flat hyperparameters trackers take (none as the string "none")."""
-    return {k: v if isinstance(v, (bool, int, float, str)) else "none" if v is None else str(v)
-            for k, v in asdict(cfg).items()}
+def hyperparameters(settings: Any) -> dict[str, bool | int | float | str]:
+    """A `TrainConfig`, or a flat mapping of settings (a stage's: `RunConfig.flat`), as the flat hyperparameters
+    trackers take (none as the string "none", lists and mappings as their text)."""
+    items = settings.items() if isinstance(settings, dict) else asdict(settings).items()
+    return {k: v if isinstance(v, (bool, int, float, str)) else "none" if v is None else str(v) for k, v in items}
 
 
 __all__ = ["TRACKERS", "check_installed", "hyperparameters", "parse_report_to", "scalars"]

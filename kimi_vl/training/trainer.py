@@ -11,8 +11,9 @@ in `.grad` and returns the step's loss, token count and metrics.
 
 Per step: the step's forward/backward under accelerate (bf16 autocast on GPU, fp32 on CPU; DDP or FSDP2 across
 processes), a non-finite guard (a step whose loss or gradient norm is NaN/Inf is skipped and counted; `nan_patience`
-in a row stop training with `TrainingDivergedError`), gradient clipping, the WSD learning rate, the optimizer step
-(MuonClip: update then QK-Clip) and its post-step hooks (the aux-loss-free router-bias update,
+in a row stop training with `TrainingDivergedError`; a step whose global batch has no loss target is skipped and
+counted too, with its own `skip_reason`, but not toward `nan_patience`), gradient clipping, the WSD learning rate,
+the optimizer step (MuonClip: update then QK-Clip) and its post-step hooks (the aux-loss-free router-bias update,
 `kimi_vl.training.router_balancing`), one JSONL metrics line, and periodic atomic checkpoints
 (`kimi_vl.training.checkpoint`) where the step allows them. SIGINT (Ctrl-C) or SIGTERM (a scheduler), or
 `max_minutes` passed, ends the run at the next step that allows a checkpoint, with one, by `TrainingInterrupted`
@@ -50,6 +51,9 @@ from .stop import StopOnSignal, any_rank
 from .trackers import check_installed, hyperparameters, parse_report_to, scalars
 
 DATA_ERRORS = "data_errors.jsonl"
+SKIP_NONFINITE, SKIP_NO_TARGETS = "non-finite", "no targets"
+"""The `skip_reason` of a skipped step's metrics record: a NaN/Inf loss or gradient norm, or a global batch without
+any loss target."""
 
 
 class BatchSource(Protocol):
@@ -113,9 +117,11 @@ class TrainConfig:
     Attributes:
         steps: optimizer steps.
         lr: peak learning rate.
-        optimizer: muonclip or adamw.
-        weight_decay: decoupled weight decay (muonclip: of every parameter, both its groups; adamw: of the
-            parameters of two or more dimensions, embeddings and head included).
+        optimizer: muonclip or adamw (torch's AdamW: no QK-Clip, so qk_clip_tau does not apply and no max logits
+            are recorded).
+        weight_decay: decoupled weight decay of the parameters that get a gradient in the step (muonclip: every
+            one, both its groups; adamw: those of two or more dimensions, embeddings and head included; a vision
+            tower that zero-vision SFT never runs keeps its weights).
         qk_clip_tau: QK-Clip threshold on the max attention logit (none: off).
         grad_accum: micro-batches per optimizer step and process (RL: `micro_batch_size` splits the rollouts).
         warmup_steps: linear warmup steps.
@@ -235,8 +241,9 @@ class TrainingStep(Protocol):
         """Called once before the first step of a run (after a resume: `trainer.step` is where it goes on)."""
 
     def backward(self, trainer: Trainer) -> dict[str, Any]:
-        """Leave the gradients of optimizer step `trainer.step` in `.grad`; return `loss` (the global batch's),
-        `tokens` (the global batch's), `bad_records` (records skipped, a list of dicts) and any metrics to log."""
+        """Leave the gradients of optimizer step `trainer.step` in `.grad`; return `loss` (the global batch's; None
+        when the global batch has no loss target: the step is skipped), `tokens` (the global batch's), `bad_records`
+        (records skipped, a list of dicts) and any metrics to log."""
 
     def can_checkpoint(self, step: int) -> bool:
         """Whether the state after `step` optimizer steps may be checkpointed (a resume restarts from it)."""
@@ -271,8 +278,8 @@ class LanguageModelStep:
 
     def backward(self, trainer: Trainer) -> dict[str, Any]:
         """Forward and backward of the step's micro-batches; the global batch's mean loss (over all its targets, or
-        documents: `loss_denominator`), token counts, and what the data layer drew (documents per source, bad records
-        skipped)."""
+        documents: `loss_denominator`; None when no micro-batch of any rank has a target), token counts, and what the
+        data layer drew (documents per source, bad records skipped)."""
         acc, grad_accum, normalisation = trainer.accelerator, trainer.cfg.grad_accum, trainer.cfg.loss_normalisation
         world = acc.num_processes
         micro_batches = [next(self.stream) for _ in range(grad_accum)]
@@ -310,7 +317,8 @@ class LanguageModelStep:
             torch.distributed.all_gather_object(gathered, drawn)
             drawn = {"documents": sum((Counter(g["documents"]) for g in gathered), Counter()),
                      "bad_records": [r for g in gathered for r in g["bad_records"]]}
-        out = {"loss": total, "tokens": tokens, "vision_tokens": vision_tokens, "bad_records": drawn["bad_records"]}
+        out = {"loss": total if step_count else None, "tokens": tokens, "vision_tokens": vision_tokens,
+               "bad_records": drawn["bad_records"]}
         if drawn["documents"]:
             out["documents"] = dict(drawn["documents"])
         return out
@@ -322,11 +330,13 @@ class Trainer:
 
     `data` is a `TrainingStep`, or a `BatchSource` of packed batches (a `LanguageModelStep` with `num_workers`
     data-loader processes). `fingerprint` (a JSON-able description of the data) is stored in every checkpoint;
-    resuming with a different one stops with `DataError` naming the differences unless `allow_data_change`."""
+    resuming with a different one stops with `DataError` naming the differences unless `allow_data_change`.
+    `hyperparameters` (flat settings; default: `cfg`'s) is what `report_to`'s trackers get as the run's settings."""
 
     def __init__(self, model: nn.Module, data: BatchSource | TrainingStep, cfg: TrainConfig, out_dir: str | Path, *,
                  val_data: BatchSource | None = None, desc: str = "train", fingerprint: dict[str, Any] | None = None,
-                 allow_data_change: bool = False, num_workers: int = 0) -> None:
+                 allow_data_change: bool = False, num_workers: int = 0,
+                 hyperparameters: dict[str, Any] | None = None) -> None:
         from accelerate import Accelerator, DistributedDataParallelKwargs
         from accelerate.state import AcceleratorState
 
@@ -337,6 +347,7 @@ class Trainer:
             _check_batch_source("val_data", val_data)
         self.training_step = data if hasattr(data, "backward") else LanguageModelStep(data, num_workers)
         self.fingerprint, self.allow_data_change = fingerprint, allow_data_change
+        self.hyperparameters = hyperparameters if hyperparameters is not None else asdict(cfg)
         self.out_dir = Path(out_dir)
         precision = cfg.precision
         if precision == "auto":
@@ -408,7 +419,12 @@ class Trainer:
                 out = self.training_step.backward(self)
                 loss, tokens, bad = out.pop("loss"), out.pop("tokens"), out.pop("bad_records", [])
                 grad_norm = self._grad_norm()
-                finite = math.isfinite(loss) and math.isfinite(grad_norm)
+                # a global batch without loss targets (e.g. users' documents all image or video blocks) has no
+                # gradient signal: skipped as a non-finite step is (momentum and weight decay would still move the
+                # weights), but not counted toward nan_patience (nor ending a run of non-finite steps: it shows no
+                # recovery)
+                empty = loss is None
+                finite = not empty and math.isfinite(loss) and math.isfinite(grad_norm)
                 lr = wsd_lr(self.step, cfg)
                 if finite:
                     self.nonfinite_in_a_row = 0
@@ -417,7 +433,7 @@ class Trainer:
                     self.optimizer.step()  # post-step hooks: the router-bias update
                     loads = self.balancing.last_loads
                 else:
-                    self._discard_step()
+                    self._discard_step(nonfinite=not empty)
                     loads = {}
                 self.optimizer.zero_grad(set_to_none=True)
                 self.tokens += tokens
@@ -425,6 +441,8 @@ class Trainer:
                 last = {"step": self.step, "loss": loss, "lr": lr, "grad_norm": grad_norm, "tokens": self.tokens,
                         "skipped": not finite, "skipped_total": self.skipped, "max_logits": self._max_logits(),
                         "expert_load": loads, "step_time": time.perf_counter() - t0, **out}
+                if not finite:
+                    last["skip_reason"] = SKIP_NO_TARGETS if empty else SKIP_NONFINITE
                 if bad:
                     last["bad_records"] = dict(Counter(r["source"] for r in bad))
                     self._log_errors([{"step": self.step, **r} for r in bad])
@@ -433,9 +451,10 @@ class Trainer:
                     last["val_loss"] = self.evaluate()
                 self._log(last)
                 rewards = {"reward": f"{last['reward_mean']:.3f}"} if "reward_mean" in last else {}  # RL steps
-                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{lr:.2e}", **rewards)  # before the count: a line shows it
+                shown = "none" if empty else f"{loss:.3f}"
+                bar.set_postfix(loss=shown, lr=f"{lr:.2e}", **rewards)  # before the count: a line shows it
                 bar.update(1)
-                if not finite and self.nonfinite_in_a_row >= cfg.nan_patience:
+                if not finite and not empty and self.nonfinite_in_a_row >= cfg.nan_patience:
                     resume = (f"resume from the last checkpoint in {self.state_dir}"
                               if latest_checkpoint(self.state_dir) else "start over: no checkpoint was written yet")
                     raise TrainingDivergedError(
@@ -479,10 +498,11 @@ class Trainer:
             norm = self.accelerator.clip_grad_norm_(params, self.cfg.max_grad_norm)
         return float(norm)
 
-    def _discard_step(self) -> None:
-        """A skipped step leaves no trace: gradients, recorded max logits and expert loads are dropped."""
+    def _discard_step(self, nonfinite: bool = True) -> None:
+        """A skipped step leaves no trace: gradients, recorded max logits and expert loads are dropped. `nonfinite`:
+        it counts toward `nan_patience` (a step skipped for having no loss target does not)."""
         self.skipped += 1
-        self.nonfinite_in_a_row += 1
+        self.nonfinite_in_a_row += nonfinite
         if isinstance(self.inner_optimizer, MuonClip):
             self.inner_optimizer.discard_step()
         self.balancing.reset()
@@ -516,7 +536,7 @@ class Trainer:
             yield
             return
         try:
-            self.accelerator.init_trackers("kimi-vl", config=hyperparameters(self.cfg),
+            self.accelerator.init_trackers("kimi-vl", config=hyperparameters(self.hyperparameters),
                                            init_kwargs={"wandb": {"name": f"{self.out_dir.name} ({self.desc})"}})
         except Exception as e:  # a tracker's own failure (no login, no server): say which, not its traceback
             raise ConfigError(f"report_to: starting {', '.join(self.trackers)} failed ({type(e).__name__}: {e}); fix "

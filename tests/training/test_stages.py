@@ -390,3 +390,58 @@ def test_family_rewards_average_each_familys_task_entries():
     assert family_rewards(rows, ["text", "vision"]) == {"text": pytest.approx(0.5), "vision": pytest.approx(0.5)}
     assert family_rewards(rows[:1], ["vision"]) == {"vision": 0.5}
     assert family_rewards([{"reward/mc": 1.0}], ["text", "vision"]) == {"text": 1.0, "vision": None}
+
+
+def test_a_stage_writes_its_checkpoint_without_transformers_bars_when_progress_is_off(tmp_path, monkeypatch):
+    """`progress=False` (`--no-progress`) keeps transformers' bars out of a log at the stage's end too: the bar of
+    writing the weights, as the one of loading them (`load_checkpoint_dir`)."""
+    from kimi_vl import progress
+    from kimi_vl.training.stages import _finish
+    from tests.test_export import tiny_model, tiny_processor
+    from tests.test_progress import Terminal
+
+    proc = tiny_processor()
+    model = tiny_model(proc)
+    err = Terminal()
+    monkeypatch.setattr(progress.sys, "stderr", err)
+    monkeypatch.setattr("sys.stderr", err)  # where transformers' tqdm writes
+    _finish("sft", model, model.state_dict(), proc, tmp_path / "off", {}, progress=False)
+    assert "Writing model shards" not in err.getvalue()
+    _finish("sft", model, model.state_dict(), proc, tmp_path / "on", {}, progress=True)
+    assert "Writing model shards" in err.getvalue()  # the check can see the bar
+
+
+def test_pretraining_steps_without_a_loss_target_are_skipped_and_counted(tmp_path, monkeypatch):
+    """Users' documents of which one is a long video with a word of text: a batch that holds only its blocks has no
+    loss target; the step is skipped (not stepped with a loss of 0), logged so, and counted in the summary."""
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)  # the source's name, "docs.jsonl", seeds its order: the same batches in any folder
+
+    frames = []
+    for i in range(48):  # 12 chunks of 4 frames
+        pixels = np.random.default_rng(i).integers(0, 256, (56, 56, 3), dtype=np.uint8)
+        Image.fromarray(pixels).save(tmp_path / f"f{i}.png")
+        frames.append(f"f{i}.png")
+    docs = [{"text": "<video> ok", "videos": [frames]}] + [
+        {"text": f"The quick brown fox jumps over the lazy dog number {i} and more words here."} for i in range(3)]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    out = pretrain(tmp_path / "pre", sources=["docs.jsonl"], rows=2, seq_len=64, steps=6, vocab_size=300,
+                   tokenizer_texts=50, progress=False)
+    metrics = read_metrics(out / "metrics.jsonl")
+    empty = [m["step"] for m in metrics if m.get("skip_reason") == "no targets"]
+    assert empty and all(m["loss"] is None and m["skipped"] for m in metrics if m["step"] in empty)
+    assert all(m["loss"] > 0 and not m["skipped"] for m in metrics if m["step"] not in empty)
+    summary = read_summary(out)
+    assert summary["steps_without_targets"] == summary["skipped_steps"] == len(empty)
+    assert f"{len(empty)} step{'' if len(empty) == 1 else 's'} skipped without a loss target" in summary_line(summary)
+
+
+def test_report_to_gets_the_stages_settings_as_hyperparameters(pretrained, tmp_path):
+    """A tracker's hyperparameters are the run's settings: the stage, preset and seed and the data (and RL) settings
+    too, not only the optimizer's and loop's, so runs compare by sequence length, data or seed there."""
+    out = sft(pretrained, tmp_path / "sft", steps=1, rows=1, seed=3, report_to="tensorboard", progress=False)
+    (hparams,) = (out / "trackers" / "kimi-vl").glob("*/hparams.yml")
+    text = hparams.read_text()
+    for line in ("stage: sft", "preset: tiny", "seed: 3", "seq_len: 512", "rows: 1", "lr: 0.0005", "steps: 1"):
+        assert line in text.splitlines(), line

@@ -467,6 +467,7 @@ def test_nonfinite_steps_are_skipped_then_stop(tmp_path):
     assert all((m["max_logits"] == {}) == m["skipped"] for m in metrics)  # a skipped step reports no maxima
     assert sorted(before) == [0, 1, 4]  # the optimizer never ran on a poisoned step
     assert metrics[-1]["skipped_total"] == 5
+    assert {m.get("skip_reason") for m in metrics if m["skipped"]} == {"non-finite"}
     assert all(torch.isfinite(p).all() for p in model.parameters())
 
 
@@ -606,3 +607,44 @@ def test_validation_leaves_out_batches_without_targets(tmp_path):
                          val_data=TargetlessData(seed=1))
     assert trainer.evaluate() == pytest.approx(only_first.evaluate(), rel=1e-6)
     assert math.isfinite(trainer.evaluate())
+
+
+class EmptyStepData(CountingData):
+    """`CountingData` whose batches `empty` have no target at all (every label -100: a batch of video blocks)."""
+
+    def __init__(self, empty: set[int]) -> None:
+        super().__init__()
+        self.empty = empty
+
+    def batch(self, index: int) -> Batch:
+        b = super().batch(index)
+        if index in self.empty:
+            b.labels = torch.full_like(b.labels, -100)
+        return b
+
+
+def test_a_step_whose_global_batch_has_no_target_is_skipped_not_stepped(tmp_path):
+    """A step without a single target (every micro-batch; here both of grad_accum 2) has no gradient signal: it is
+    skipped (momentum and weight decay would move the weights), logged with a loss of none and its own reason, and
+    does not count toward nan_patience (0 here: the first non-finite step would stop the run)."""
+    data = EmptyStepData(empty={2, 3, 6, 7})  # steps 1 and 3 (0-based), both micro-batches
+    trainer = Trainer(tiny_lm(), data, cfg(steps=4, grad_accum=2, nan_patience=0), tmp_path)
+    stepped = {}
+    real_step = trainer.optimizer.step
+
+    def step(*a, **k):
+        out = real_step(*a, **k)
+        stepped[trainer.step] = {n: p.detach().clone() for n, p in trainer.raw_model.named_parameters()}
+        return out
+
+    trainer.optimizer.step = step
+    trainer.train()
+    metrics = read_metrics(tmp_path / "metrics.jsonl")
+    assert sorted(stepped) == [0, 2]
+    assert [m["skipped"] for m in metrics] == [False, True, False, True]
+    assert [m.get("skip_reason") for m in metrics] == [None, "no targets", None, "no targets"]
+    assert metrics[1]["loss"] is None and metrics[-1]["skipped_total"] == 2
+    assert metrics[1]["max_logits"] == {} and metrics[1]["expert_load"] == {}
+    assert metrics[1]["tokens"] == 2 * 2 * 64  # its tokens count all the same
+    for n, p in trainer.raw_model.named_parameters():  # the skipped last step left the weights as step 2 did
+        assert torch.equal(p, stepped[2][n]), n
