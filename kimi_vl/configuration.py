@@ -8,6 +8,10 @@ from .errors import ConfigError
 from .text.configuration import KimiTextConfig
 from .vision.configuration import MoonViTConfig
 
+TEXT_FIELDS = ("tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id")
+"""Fields of `KimiVLConfig` that are `text_config`'s: the language model ties its head and finds padding by its own
+config."""
+
 
 class KimiVLConfig(PretrainedConfig):
     r"""Configuration of `KimiVLForConditionalGeneration` (model_type `kimi_vl`).
@@ -23,8 +27,9 @@ class KimiVLConfig(PretrainedConfig):
         projector_layer_norm_eps: eps of the projector's LayerNorm over each patch.
         vision_start_token_id, vision_end_token_id: ids of `<|media_start|>` / `<|media_end|>`, the tokens around
             each media's placeholders (informational: carried over from `kimi_k25` checkpoints, None otherwise).
-        tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id: default `text_config`'s; a value given here is
-            written into `text_config` too (the language model ties its LM head and tells padding by its own config).
+        tie_word_embeddings, pad_token_id, bos_token_id, eos_token_id: default `text_config`'s; a value given here, or
+            set on this config later (as `from_pretrained(path, tie_word_embeddings=True)` does), is written into
+            `text_config` too (the language model ties its LM head and tells padding by its own config).
     """
 
     model_type = "kimi_vl"
@@ -53,11 +58,8 @@ class KimiVLConfig(PretrainedConfig):
         self.projector_layer_norm_eps = projector_layer_norm_eps
         self.vision_start_token_id = vision_start_token_id
         self.vision_end_token_id = vision_end_token_id
-        for name in ("tie_word_embeddings", "pad_token_id", "bos_token_id", "eos_token_id"):
-            if name in kwargs:  # the language model ties its head and finds padding by its own config: set it there
-                setattr(self.text_config, name, kwargs[name])
-            else:
-                kwargs[name] = getattr(self.text_config, name)
+        for name in TEXT_FIELDS:  # a value given here reaches text_config through `__setattr__`
+            kwargs.setdefault(name, getattr(self.text_config, name))
         super().__init__(**kwargs)
         for name in ("image_token_id", "video_token_id"):
             if not isinstance(getattr(self, name), int) or getattr(self, name) < 0:
@@ -66,3 +68,10 @@ class KimiVLConfig(PretrainedConfig):
         if image_token_id == video_token_id:
             raise ConfigError("image_token_id and video_token_id must differ (images and videos are scattered "
                               "separately).")
+
+    def __setattr__(self, name: str, value) -> None:
+        """`TEXT_FIELDS` set on this config are set on `text_config` too (transformers' `from_pretrained` and
+        `from_dict` set their keyword overrides as attributes after construction)."""
+        super().__setattr__(name, value)
+        if name in TEXT_FIELDS and "text_config" in self.__dict__:
+            setattr(self.text_config, name, value)

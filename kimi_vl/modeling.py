@@ -15,13 +15,14 @@ from transformers.utils import can_return_tuple
 from .configuration import KimiVLConfig
 from .errors import InvalidMediaError, ShapeError
 from .fusion.embedding import fuse_media, media_tokens, repeat_media_per_sample
+from .offloading import RefusesOffloading
 from .text import KimiHybridCache, KimiTextForCausalLM, KimiTextModel
 from .text.cache import HybridCacheGenerationMixin
 from .text.modeling import one_cache, real_tokens, refuse_attention_outputs
 from .vision import MoonViTModel, MoonViTProjector
 
 
-class KimiVLPreTrainedModel(PreTrainedModel):
+class KimiVLPreTrainedModel(RefusesOffloading, PreTrainedModel):
     config_class = KimiVLConfig
     config: KimiVLConfig
     base_model_prefix = ""
@@ -30,13 +31,25 @@ class KimiVLPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _is_stateful = True
 
-    @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
-        if isinstance(module, MoonViTProjector):
-            module.pre_norm.reset_parameters()
-            for layer in (module.mlp.fc1, module.mlp.fc2):
-                nn.init.normal_(layer.weight, std=self.config.text_config.initializer_range)
-                nn.init.zeros_(layer.bias)
+        """Nothing here: the tower and the language model initialise their modules themselves (their own
+        `_init_weights`), and the projector's layers keep PyTorch's initialisation from their construction (what
+        transformers' default init would overwrite). transformers hands this method only those layers, never the
+        projector whole; `from_pretrained` re-runs their construction-time init when it finds no weights for them."""
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        """transformers' `from_pretrained`; a checkpoint without the projector's weights (a tower and a language model
+        put together by hand) gets the projector a freshly constructed model has, instead of the uninitialised memory
+        transformers leaves in layers that `_init_weights` does not set."""
+        with_info = kwargs.pop("output_loading_info", False)
+        model, info = super().from_pretrained(*args, output_loading_info=True, **kwargs)
+        if any(key.startswith("multi_modal_projector.") for key in info["missing_keys"]):
+            with torch.no_grad():
+                for layer in model.multi_modal_projector.modules():
+                    if hasattr(layer, "reset_parameters"):
+                        layer.reset_parameters()
+        return (model, info) if with_info else model
 
 
 class KimiVLForConditionalGeneration(KimiVLPreTrainedModel, HybridCacheGenerationMixin, GenerationMixin):

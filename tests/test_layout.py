@@ -7,6 +7,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "kimi_vl"
 LEVELS = {
     "errors": 0, "activation_checkpointing": 0, "options": 0, "optim_contract": 0, "edit_distance": 0, "progress": 0,
+    "offloading": 0,
     "kernels": 1,
     "text": 2, "vision": 2, "tokenization": 2,
     "fusion": 3, "configuration": 3,

@@ -335,3 +335,26 @@ def test_imported_kimi_k25_vision_gives_transformers_media_embeddings(tmp_path):
         ref = torch.cat(reference.get_image_features(px, torch.tensor(grids)).pooler_output)
         got = model.get_image_features(px, torch.tensor(grids))
     torch.testing.assert_close(got, ref, rtol=0, atol=1e-5)
+
+
+def test_a_checkpoint_without_projector_weights_loads_a_freshly_initialised_projector(tmp_path):
+    """transformers leaves uninitialised memory (NaN, 1e14) in missing weights its `_init_weights` calls do not set:
+    a projector missing from a checkpoint gets the init a constructed model has; the loaded weights stay as saved."""
+    from safetensors.torch import load_file, save_file
+
+    model = tiny_vl()
+    model.save_pretrained(tmp_path)
+    weights = load_file(tmp_path / "model.safetensors")
+    save_file({k: v for k, v in weights.items() if not k.startswith("multi_modal_projector.")},
+              tmp_path / "model.safetensors", metadata={"format": "pt"})
+    loaded, info = KimiVLForConditionalGeneration.from_pretrained(tmp_path, output_loading_info=True)
+    assert sorted(info["missing_keys"]) == sorted(k for k in weights if k.startswith("multi_modal_projector."))
+    projector = dict(loaded.multi_modal_projector.named_parameters())
+    fresh = dict(KimiVLForConditionalGeneration(model.config).multi_modal_projector.named_parameters())
+    for name, p in projector.items():
+        assert torch.isfinite(p).all(), name
+        assert p.abs().max() <= fresh[name].abs().max() * 1.5 + 1e-6, name  # PyTorch's bounds, not memory garbage
+    assert torch.equal(projector["pre_norm.weight"], torch.ones_like(projector["pre_norm.weight"]))
+    assert all(torch.equal(p, weights[k]) for k, p in loaded.state_dict().items() if k in weights
+               and not k.startswith("multi_modal_projector."))
+    assert isinstance(KimiVLForConditionalGeneration.from_pretrained(tmp_path), KimiVLForConditionalGeneration)

@@ -139,6 +139,24 @@ def test_vl_config_tie_word_embeddings_is_the_language_models(tie, tmp_path):
         assert shared is tie and m.config.tie_word_embeddings is tie
 
 
+def test_vl_config_overrides_of_from_pretrained_reach_the_language_model(tmp_path):
+    """`from_pretrained(d, pad_token_id=..., tie_word_embeddings=...)` sets its overrides on the loaded config after
+    construction: they reach `text_config`, which the language model reads, as the constructor's do (the model said
+    `pad_token_id=7` while its routers still took 0 for padding)."""
+    from transformers import AutoConfig
+
+    from kimi_vl.modeling import KimiVLForConditionalGeneration
+
+    tiny_vl().save_pretrained(tmp_path)
+    config = AutoConfig.from_pretrained(tmp_path, pad_token_id=7, eos_token_id=[2, 5], tie_word_embeddings=True)
+    text = config.text_config
+    assert (text.pad_token_id, text.eos_token_id, text.tie_word_embeddings) == (7, [2, 5], True)
+    model = KimiVLForConditionalGeneration.from_pretrained(tmp_path, pad_token_id=7)
+    assert model.language_model.config.pad_token_id == model.config.pad_token_id == 7
+    model.config.bos_token_id = 4
+    assert model.language_model.config.bos_token_id == 4
+
+
 @pytest.mark.parametrize("which", ["causal_lm", "vl"])
 def test_generate_in_train_mode_with_gradient_checkpointing(which):
     """TRL's trainers generate their rollouts while the model is in train mode with gradient checkpointing on: under

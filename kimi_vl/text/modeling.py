@@ -13,6 +13,7 @@ from transformers.utils import can_return_tuple
 
 from ..activation_checkpointing import run_checkpointed
 from ..errors import ConfigError, ShapeError
+from ..offloading import RefusesOffloading
 from .attnres import AttnResidual
 from .cache import HybridCacheGenerationMixin, KimiHybridCache
 from .configuration import KimiTextConfig
@@ -66,7 +67,7 @@ class KimiDecoderLayer(nn.Module):
         return self.mlp(x, token_mask) if isinstance(self.mlp, MoE) else self.mlp(x)
 
 
-class KimiTextPreTrainedModel(PreTrainedModel):
+class KimiTextPreTrainedModel(RefusesOffloading, PreTrainedModel):
     config_class = KimiTextConfig
     config: KimiTextConfig
     base_model_prefix = "model"
@@ -76,7 +77,9 @@ class KimiTextPreTrainedModel(PreTrainedModel):
     _no_split_modules = ["KimiDeltaAttention", "MultiHeadLatentAttention", "MoE", "SwiGLU"]
     _supports_sdpa = True
     _is_stateful = True
-    # The router's balancing bias stays fp32 in a bf16 model (as in transformers' kimi_linear / deepseek_v3).
+    # The router's balancing bias stays fp32 in a bf16 model, as in transformers' kimi_linear / deepseek_v3. Unlike
+    # there, the router weight `gate.weight` (fp32 in both) and KDA's `dt_bias` (fp32 in kimi_linear) take the model's
+    # dtype: the router and the decay compute in fp32 from the rounded values.
     _keep_in_fp32_modules_strict = ["e_score_correction_bias"]
 
     @torch.no_grad()

@@ -46,6 +46,7 @@ from transformers.modeling_outputs import BaseModelOutputWithPooling
 from ..activation_checkpointing import run_checkpointed
 from ..errors import ShapeError
 from ..kernels import packed_attention, packed_max_logits
+from ..offloading import RefusesOffloading
 from ..optim_contract import MaxLogitRecorder
 from .configuration import MoonViTConfig
 
@@ -233,7 +234,7 @@ class MoonViTBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
 
-class MoonViTPreTrainedModel(PreTrainedModel):
+class MoonViTPreTrainedModel(RefusesOffloading, PreTrainedModel):
     config_class = MoonViTConfig
     config: MoonViTConfig
     base_model_prefix = "vision_tower"
