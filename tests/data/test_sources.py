@@ -187,6 +187,30 @@ def test_fingerprint_ignores_mtime_but_sees_content(tmp_path):
     assert open_source(str(path)).fingerprint() != before
 
 
+def _fake_hub(monkeypatch, make) -> list:
+    """`datasets.load_dataset` replaced by `make(name, config, split, streaming)` (tests never download) and the hub
+    reachable; returns the list of `(name, config, split, streaming)` calls, filled as they come."""
+    import datasets
+
+    calls = []
+
+    def fake_load(name, config=None, split=None, streaming=False):
+        calls.append((name, config, split, streaming))
+        return make(name, config, split, streaming)
+
+    monkeypatch.setattr(datasets, "load_dataset", fake_load)
+    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    return calls
+
+
+def _streamed_rows(n: int, num_shards: int = 1):
+    """A `make` for `_fake_hub`: `n` rows `{"text": "t<i>"}` as an iterable dataset of `num_shards` shards."""
+    import datasets
+
+    return lambda *args: datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(n)]).to_iterable_dataset(
+        num_shards=num_shards)
+
+
 def test_hub_datasets_by_name(monkeypatch):
     """`hf:` sources go through `datasets.load_dataset` (a local stand-in here: tests never download); image
     columns come back as `{"bytes", "path"}` structs, not decoded."""
@@ -194,17 +218,13 @@ def test_hub_datasets_by_name(monkeypatch):
 
     from tests.data.userdata import image, png_bytes
 
-    calls = []
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        calls.append((name, config, split, streaming))
+    def make(name, config, split, streaming):
         features = datasets.Features({"text": datasets.Value("string"), "image": datasets.Image()})
         ds = datasets.Dataset.from_list([{"text": f"t{i}", "image": {"bytes": png_bytes(image(i)), "path": None}}
                                          for i in range(4)], features=features)
         return ds.to_iterable_dataset() if streaming else ds
 
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    calls = _fake_hub(monkeypatch, make)
     assert parse_hub_name("hf:org/name:cfg@validation") == ("org/name", "cfg", "validation")
     src = open_source("hf:org/name:cfg@validation")
     row, _, base = src.read(2)
@@ -221,16 +241,7 @@ def test_hub_datasets_by_name(monkeypatch):
 def test_a_streamed_dataset_reads_later_epochs_in_order(monkeypatch):
     """Once a stream has run out, its next epochs are read on in order like the first: one pass per epoch, not a
     pass of the whole stream for every row."""
-    import datasets
-
-    passes = []
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        passes.append(name)
-        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(100)]).to_iterable_dataset()
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    passes = _fake_hub(monkeypatch, _streamed_rows(100))
     stream = open_source("hf:org/name", streaming=True)
     assert [stream.read(i)[0]["text"] for i in range(300)] == [f"t{i}" for i in range(100)] * 3
     assert len(passes) == 3
@@ -240,16 +251,7 @@ def test_a_streamed_dataset_steps_back_over_a_batch_edge_without_restarting(monk
     """Consecutive batches overlap by a few positions at their edges: each such step back restarted the stream and
     read it again from its first row (at a long run's position, the whole stream so far, once every few batches).
     The last `RECENT_ROWS` rows are kept; a step back further restarts it."""
-    import datasets
-
-    passes = []
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        passes.append(name)
-        return datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(200)]).to_iterable_dataset()
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    passes = _fake_hub(monkeypatch, _streamed_rows(200))
     stream = open_source("hf:org/name", streaming=True)
     back = sources.StreamingHubDataset.RECENT_ROWS
     positions = [*range(0, 30), *range(27, 60), 100, 100 - back + 1, 101, 100 - back]
@@ -261,18 +263,10 @@ def test_a_streamed_dataset_gives_data_loader_workers_the_same_rows(monkeypatch)
     """In a DataLoader worker, iterating a streamed dataset reads only that worker's share of its shards (datasets
     splits them between workers): position 1 was row 11 in the second of two workers, and a worker without a shard
     stopped with "the stream has no rows". Every worker reads every shard, in the order the training process does."""
-    import datasets
-
     from kimi_vl.data.loader import batches
 
     shards = [4]
-
-    def fake_load(name, config=None, split=None, streaming=False):
-        rows = datasets.Dataset.from_list([{"text": f"t{i}"} for i in range(40)])
-        return rows.to_iterable_dataset(num_shards=shards[0])
-
-    monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("kimi_vl.eval.data.hub_reachable", lambda timeout=3.0: True)
+    _fake_hub(monkeypatch, lambda *args: _streamed_rows(40, shards[0])())
 
     class Rows:
         def __init__(self) -> None:

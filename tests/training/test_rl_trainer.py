@@ -113,17 +113,24 @@ def test_off_policy_updates_bf16_autocast_and_checkpoint_boundaries(checkpoint, 
     assert json.loads((out / "run_config.json").read_text())["train"]["precision"] == "bf16"
 
 
-def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_path, monkeypatch):
-    """SIGTERM in the first update of a rollout batch: the run stops after the batch's second update, where a resume
-    can start, and not in the middle of it."""
+def _sigterm_at(monkeypatch, step: int):
+    """`RLStep.backward` sending this process a SIGTERM when computing optimizer step `step` (0-based); returns the
+    original."""
     backward = RLStep.backward
 
     def signalled(self, trainer):
-        if trainer.step == 0:
+        if trainer.step == step:
             os.kill(os.getpid(), signal.SIGTERM)
         return backward(self, trainer)
 
     monkeypatch.setattr(RLStep, "backward", signalled)
+    return backward
+
+
+def test_a_stop_signal_mid_batch_stops_at_the_rollout_batch_end(checkpoint, tmp_path, monkeypatch):
+    """SIGTERM in the first update of a rollout batch: the run stops after the batch's second update, where a resume
+    can start, and not in the middle of it."""
+    _sigterm_at(monkeypatch, 0)
     kwargs = dict(steps=4, updates_per_batch=2, checkpoint_every=100, prompts_per_family=1, k=2, max_new_tokens=4,
                   progress=False)
     with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 2 of 4"):
@@ -136,14 +143,7 @@ def test_a_stop_signal_in_the_last_step_stops_the_stage(checkpoint, tmp_path, mo
     """SIGTERM in the last step, mid rollout batch (3 steps, 2 updates per batch): the stage stops with the last
     step's checkpoint instead of finishing, so that `kimi-vl ablate vision-rl` (a run per arm and seed) does not go
     on to its next RL run after announcing the stop; the rerun only writes the checkpoint directory."""
-    backward = RLStep.backward
-
-    def signalled(self, trainer):
-        if trainer.step == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-        return backward(self, trainer)
-
-    monkeypatch.setattr(RLStep, "backward", signalled)
+    backward = _sigterm_at(monkeypatch, 2)
     kwargs = dict(steps=3, updates_per_batch=2, checkpoint_every=100, prompts_per_family=1, k=2, max_new_tokens=4,
                   progress=False)
     with pytest.raises(TrainingInterrupted, match="SIGTERM: stopped after step 3 of 3"):
