@@ -424,10 +424,12 @@ def _check_specs(specs: dict[str, TensorSpec], model_cls, config, src: Path, tie
 
 
 def _check_not_quantized(source: _Source, src: Path) -> None:
-    """Refuse a quantized checkpoint: scale or packed tensors (FP8 block scales, compressed-tensors INT4) or tensors
-    stored in a dtype that is not a float one (FP8 weights, the packed integers of GPTQ / AWQ / bitsandbytes)."""
+    """Refuse a quantized checkpoint: scale or packed tensors (FP8 block scales, compressed-tensors INT4) or weights
+    stored in a dtype that is not a float one (FP8 weights, the packed integer `qweight` of GPTQ / AWQ, bitsandbytes'
+    uint8 weights). Integer buffers of other names (position ids) are not weights."""
+    stored = [f"{k} stored as {code}" for k in source.keys()
+              if k.endswith("weight") and (code := source.dtype_code(k)) not in FLOAT_CODES]
     scales = [k for k in source.keys() if k.rsplit(".", 1)[-1] in QUANTIZED_SUFFIXES]
-    stored = [f"{k} stored as {code}" for k in source.keys() if (code := source.dtype_code(k)) not in FLOAT_CODES]
     if scales or stored:
         example = f"{scales[0]}: FP8 block scales or compressed-tensors INT4" if scales else stored[0]
         raise CheckpointError(
