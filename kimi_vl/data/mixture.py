@@ -295,9 +295,11 @@ class Mixture:
         return out
 
     def fingerprint(self) -> dict[str, Any]:
-        """The data specification a checkpoint records: each source's files and weight, the format, the seed."""
+        """The data specification a checkpoint records: each source's files and weight, the format, the seed, and
+        once measured each source's draws per batch (`rates`: batch `i` reads from `floor(i * rate)`)."""
         return {"sources": [s.fingerprint() for s in self.sources], "format": self.format.name if self.format
-                else "auto", "reward": self.reward, "seed": self.seed}
+                else "auto", "reward": self.reward, "seed": self.seed,
+                **({"rates": dict(self.rates)} if self.shares else {})}
 
 
 EMBEDDED = "embedded (standard library corpus + synthetic world)"
@@ -348,6 +350,11 @@ def fingerprint_changes(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
             what = (f"size {fa.get('size')} -> {fb.get('size')} bytes" if fa.get("size") != fb.get("size")
                     else "its content changed")
             lines.append(f"source {name}: file {path}: {what}")
+        rate_a, rate_b = old.get("rates", {}).get(name), new.get("rates", {}).get(name)
+        if rate_a is not None and rate_b is not None and not math.isclose(rate_a, rate_b, rel_tol=1e-9):
+            lines.append(f"source {name}: {rate_a:.4g} records drawn per batch -> {rate_b:.4g} (another --rows, "
+                         "--seq-len, --vision-ratio or prompts per step: batch i reads the source from position i x "
+                         "this rate, so the resumed run would skip or repeat records)")
     for key in ("format", "reward", "seed"):
         if old.get(key) != new.get(key):
             lines.append(f"{key}: {old.get(key)} -> {new.get(key)}")

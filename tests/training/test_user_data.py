@@ -111,6 +111,22 @@ def test_resume_checks_the_data(data, tmp_path):
     assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2]
 
 
+def test_a_resume_with_other_rows_is_refused_on_users_data(data, tmp_path):
+    """Batch i reads a source from position i x its measured draws per batch, which --rows / --seq-len change: a
+    resume with other rows would skip or repeat records silently, so it is refused like changed data (and goes on
+    with --allow-data-change)."""
+    root, p = data
+    run = tmp_path / "run"
+    kw = dict(sources=[str(p["docs.jsonl"])], tokenizer=str(root / "tok"), seq_len=96, checkpoint_every=1,
+              progress=False)
+    pretrain(run, steps=1, rows=2, **kw)
+    (run / "training_summary.json").unlink()  # as if killed after the step-1 checkpoint
+    with pytest.raises(DataError, match=r"docs.jsonl: [\d.]+ records drawn per batch -> [\d.]+ \(another --rows"):
+        pretrain(run, steps=2, rows=4, **kw)
+    pretrain(run, steps=2, rows=4, allow_data_change=True, **kw)
+    assert [m["step"] for m in read_metrics(run / "metrics.jsonl")] == [1, 2]
+
+
 def _command(out: Path, root: Path, p: dict, *extra: str) -> list[str]:
     return [sys.executable, "-m", "kimi_vl.cli", "train", "pretrain", "--out", str(out), "--data",
             str(p["docs.jsonl"]), "--data", str(p["llava.json"]), "--data", str(p["obelics.parquet"]), "--tokenizer",
