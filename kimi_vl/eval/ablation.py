@@ -155,7 +155,7 @@ def ablation_markdown(result: dict[str, Any]) -> str:
     lines = [
         "# Vision-RL ablation", "",
         f"From the SFT checkpoint `{result['sft_checkpoint']}` (preset `{result['preset']}`), RL with text tasks "
-        f"only vs text + vision tasks: {result['rl_steps']} optimizer steps, "
+        f"only vs text + vision tasks: {result['rl_steps']} optimizer step{'' if result['rl_steps'] == 1 else 's'}, "
         f"{result.get('rl_updates_per_batch') or 1} per rollout batch of {result['rl_prompts_per_step']} text prompts "
         f"(plus as many vision prompts in the text+vision arm) x {result['rl_k']} responses each, "
         f"{result['seeds']} seed(s). Scores are accuracies in %, mean ± the 95% "

@@ -50,6 +50,7 @@ def test_markdown_labels_proxies_and_states_sizes():
     assert "preset `tiny`" in md and "5 optimizer steps, 1 per rollout batch of 8 text prompts" in md
     assert "x 4 responses" in md and "not MMLU-Pro" in md
     assert "Items per benchmark: mmlu_pro_synth 10, mathvista_synth 400; evaluation options: {'num_shots': 0}" in md
+    assert "1 optimizer step, 1 per rollout batch" in ablation_markdown({**result, "rl_steps": 1})
     assert "Mean reward at the start" not in md  # no reward figures recorded: nothing claimed
 
 
