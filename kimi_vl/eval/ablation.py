@@ -82,8 +82,7 @@ def vision_rl_ablation(sft_dir: str | Path, out_dir: str | Path, *, seeds: int =
                for b in benchmarks}  # checked here, before any run
 
     def score(model_dir: Path, eval_dir: Path) -> dict[str, dict[str, Any]]:
-        # the engine named by its absolute path: the response caches, keyed on it, serve a rerun that spells --from
-        # or --out another way (relative from elsewhere, or absolute)
+        # the engine named by its absolute path (the response caches are keyed on its weights; the report names it)
         engine = Engine.from_pretrained(model_dir.resolve(), device=options.device, dtype=options.dtype,
                                         trust_remote_code=options.trust_remote_code, progress=progress)
         return {b: evaluate(engine, [b], eval_dir / b, configs[b])["benchmarks"][b] for b in benchmarks}

@@ -122,6 +122,8 @@ class Engine:
     Built by `from_pretrained`, or directly from an in-memory model and its tokenizer (and processor, for images)
     to evaluate a model during training: generation runs in eval mode and restores the model's mode and the
     tokenizer's padding side afterwards (a tokenizer without a pad token gets its eos token as pad token).
+    `weights` is the `weights_fingerprint` of the folder it was loaded from (None for an in-memory model or a folder
+    without `*.safetensors`): the evaluation runner keys its response cache on it, else on `name`.
     """
 
     model: Any
@@ -129,6 +131,7 @@ class Engine:
     processor: Any = None
     name: str = "model"
     notes: list[str] = field(default_factory=list)
+    weights: list[dict[str, Any]] | None = None
 
     def __post_init__(self) -> None:
         tok = self.tokenizer
@@ -166,6 +169,8 @@ class Engine:
         from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor
 
         import kimi_vl  # noqa: F401 - registers the Kimi-VL Auto classes
+
+        from ..training.stages import weights_fingerprint
 
         path = Path(model_dir)
         if path.exists() and not path.is_dir():
@@ -208,7 +213,8 @@ class Engine:
                 "remote-code models)."
             ) from exc
         model.to(device)
-        return cls(model=model, tokenizer=tokenizer, processor=processor, name=str(path))
+        return cls(model=model, tokenizer=tokenizer, processor=processor, name=str(path),
+                   weights=weights_fingerprint(path))
 
     # ------------------------------------------------------------------ properties
     @property
@@ -243,6 +249,7 @@ class Engine:
             "dtype": str(next(self.model.parameters()).dtype).replace("torch.", ""),
             "images": self.supports_images,
             "chat_template": self.has_chat_template,
+            "weights": self.weights,
         }
 
     # ------------------------------------------------------------------ prompts

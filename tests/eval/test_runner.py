@@ -265,7 +265,8 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_d
 
     generated.clear()  # and so does another dtype: the report states the dtype its responses come from
     bf16 = dataclasses.replace(config, max_new_tokens=2, dtype="bfloat16")  # as the last run but the dtype
-    report = runner.evaluate(llama_dir, "mmlu_pro", out, bf16)
+    with pytest.warns(UserWarning, match="another dtype"):
+        report = runner.evaluate(llama_dir, "mmlu_pro", out, bf16)
     assert len(generated) == 4 and report["model"]["dtype"] == "bfloat16"
 
 
@@ -291,6 +292,62 @@ def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir,
     Image.new("RGB", Image.open(changed).size, (250, 10, 10)).save(changed)
     runner.evaluate(kimi_dir, "mathvista", out, config)
     assert len(generated) == 1 and generated[0].image.getpixel((0, 0))[0] > 200
+
+
+def _counting_generate(monkeypatch):
+    """The requests of every `Engine.generate` call from now on."""
+    generated = []
+    original = Engine.generate
+
+    def counting(self, requests, **kwargs):
+        generated.extend(requests)
+        return original(self, requests, **kwargs)
+
+    monkeypatch.setattr(Engine, "generate", counting)
+    return generated
+
+
+def _train_again_in_place(model_dir):
+    """Other weights of the same architecture saved over `model_dir`'s."""
+    torch.manual_seed(1)
+    LlamaForCausalLM(LlamaForCausalLM.from_pretrained(model_dir).config).save_pretrained(model_dir)
+
+
+def test_a_model_trained_again_in_place_is_generated_anew_but_not_its_folder_spelled_otherwise(
+        tmp_path, data_dir, llama_dir, monkeypatch):
+    generated = _counting_generate(monkeypatch)
+    model, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(llama_dir, model)
+    config = EvalConfig(data_dir=data_dir, max_new_tokens=2, progress=False)
+    runner.evaluate(model, "mmlu_pro", out, config)
+    assert len(generated) == len(MMLU_TEST_IDS)
+    generated.clear()
+    monkeypatch.chdir(tmp_path)  # the same weights through a relative path: every response reused
+    report = runner.evaluate("model", "mmlu_pro", "out", config)
+    assert generated == [] and report["model"]["weights"][0]["name"] == "model.safetensors"
+    _train_again_in_place(model)
+    with pytest.warns(UserWarning, match="other weights"):
+        runner.evaluate(model, "mmlu_pro", out, config)
+    assert len(generated) == len(MMLU_TEST_IDS)
+
+
+def test_the_report_keeps_the_folders_other_benchmarks_of_the_same_model_only(tmp_path, data_dir, llama_dir,
+                                                                               monkeypatch):
+    generated = _counting_generate(monkeypatch)
+    model, out = tmp_path / "model", tmp_path / "out"
+    shutil.copytree(llama_dir, model)
+    config = EvalConfig(data_dir=data_dir, max_new_tokens=2, mathvista_extractor="rules", progress=False)
+    first = runner.evaluate(model, "mmlu_pro,mathvista", out, config)
+    generated.clear()
+    subset = runner.evaluate(model, "mmlu_pro", out, config)  # a subset: the report still holds both
+    assert generated == [] and list(subset["benchmarks"]) == ["mmlu_pro", "mathvista"]
+    assert subset["benchmarks"]["mathvista"]["accuracy"] == first["benchmarks"]["mathvista"]["accuracy"]
+    assert "MathVista testmini" in _check_outputs(out, subset, ["mmlu_pro", "mathvista"])
+    _train_again_in_place(model)  # another model's report is replaced, saying what it leaves out
+    with pytest.warns(UserWarning, match="mathvista left out of the report"):
+        other = runner.evaluate(model, "mmlu_pro", out, config)
+    assert list(other["benchmarks"]) == ["mmlu_pro"]
+    assert list(json.loads((out / "report.json").read_text())["benchmarks"]) == ["mmlu_pro"]
 
 
 def test_cli_entry_points(tmp_path, data_dir, llama_dir, capsys):
