@@ -270,8 +270,8 @@ def test_interrupted_run_resumes_without_recomputing(tmp_path, data_dir, llama_d
     assert len(generated) == 4 and report["model"]["dtype"] == "bfloat16"
 
 
-def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir, kimi_dir, monkeypatch):
-    """The same question about another image (another proxy seed, an updated data file) is generated anew."""
+def _counting_generate(monkeypatch):
+    """The requests of every `Engine.generate` call from now on."""
     generated = []
     original = Engine.generate
 
@@ -280,6 +280,12 @@ def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir,
         return original(self, requests, **kwargs)
 
     monkeypatch.setattr(Engine, "generate", counting)
+    return generated
+
+
+def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir, kimi_dir, monkeypatch):
+    """The same question about another image (another proxy seed, an updated data file) is generated anew."""
+    generated = _counting_generate(monkeypatch)
     data = tmp_path / "data"
     shutil.copytree(data_dir, data)
     out, config = tmp_path / "out", EvalConfig(data_dir=data, max_new_tokens=2, progress=False)
@@ -292,19 +298,6 @@ def test_cached_responses_are_reused_only_for_the_same_image(tmp_path, data_dir,
     Image.new("RGB", Image.open(changed).size, (250, 10, 10)).save(changed)
     runner.evaluate(kimi_dir, "mathvista", out, config)
     assert len(generated) == 1 and generated[0].image.getpixel((0, 0))[0] > 200
-
-
-def _counting_generate(monkeypatch):
-    """The requests of every `Engine.generate` call from now on."""
-    generated = []
-    original = Engine.generate
-
-    def counting(self, requests, **kwargs):
-        generated.extend(requests)
-        return original(self, requests, **kwargs)
-
-    monkeypatch.setattr(Engine, "generate", counting)
-    return generated
 
 
 def _train_again_in_place(model_dir):
