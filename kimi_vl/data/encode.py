@@ -35,11 +35,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from transformers.utils.chat_template_utils import render_jinja_template
 
 from ..errors import ConfigError, InvalidMediaError, ShapeError
 from ..processing import _base64_as_data_uri
-from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat
+from ..tokenization.chat_template import CHAT_TEMPLATE, IMAGE_PROMPT, VIDEO_PROMPT, render_chat, render_chat_spans
 from ..tokenization.special_tokens import BOS, DOC_EOS, IM_ASSISTANT, IM_END, IM_MIDDLE, MEDIA_END, MEDIA_START
 from ..vision.media import VideoFrames
 from ..vision.video_processing import TimedVideoMetadata, clip_metadata
@@ -201,17 +200,18 @@ def _process(processor: Any, text: str, images: Sequence[Any], videos: Sequence[
     media = {k: torch.as_tensor(out[k]) for k in MEDIA_KEYS if out.get(k) is not None}
     if not offsets:
         return list(ids[0]), media, None
-    ranges = []  # from the expanded text back to `text`: a replacement's new_span ends `end - old_end` chars later
+    # From the expanded text back to `text`, in one pass (token offsets and replacements both in text order): past a
+    # replacement, positions are `new_end - old_end` chars later; a token inside one gets the placeholder's range.
+    replacements = sorted(out["text_replacement_offsets"][0], key=lambda r: r["new_span"][0])
+    ranges, k, shift = [], 0, 0
     for start, end in out["offset_mapping"][0]:
-        shift = 0
-        for r in out["text_replacement_offsets"][0]:
-            (old_start, old_end), (new_start, new_end) = r["span"], r["new_span"]
-            if start >= new_end:
-                shift = new_end - old_end
-            elif end > new_start:  # inside the expansion
-                start, end, shift = old_start, old_end, 0
-                break
-        ranges.append((int(start) - shift, int(end) - shift))
+        while k < len(replacements) and start >= replacements[k]["new_span"][1]:
+            shift = replacements[k]["new_span"][1] - replacements[k]["span"][1]
+            k += 1
+        if k < len(replacements) and end > replacements[k]["new_span"][0]:
+            ranges.append(tuple(int(x) for x in replacements[k]["span"]))
+        else:
+            ranges.append((int(start) - shift, int(end) - shift))
     return list(ids[0]), media, ranges
 
 
@@ -318,6 +318,17 @@ def _check_messages(messages: Any) -> list[dict[str, Any]]:
     return list(messages)
 
 
+def _overlaps(ranges: list[tuple[int, int]], spans: list[tuple[int, int]]) -> list[bool]:
+    """For each of `ranges` (token character ranges, in text order), whether it overlaps one of `spans` (disjoint,
+    in text order), in one pass over both."""
+    out, k = [], 0
+    for start, end in ranges:
+        while k < len(spans) and spans[k][1] <= start:
+            k += 1
+        out.append(k < len(spans) and spans[k][0] < end)
+    return out
+
+
 def encode_chat(messages: list[dict[str, Any]], processor: Any) -> Document:
     """A conversation in Kimi's chat format with loss on the assistant turns only (their content and closing
     `<|im_end|>`; a media block in one, `<|media_start|>` to `<|media_end|>`, is input, without loss). Media parts
@@ -329,12 +340,10 @@ def encode_chat(messages: list[dict[str, Any]], processor: Any) -> Document:
     # token ids, they tell the template's turn markers from special-token strings inside a message's text.
     # Without spans or offsets (a template without {% generation %}, such as the released Kimi one; a slow
     # tokenizer) `assistant_mask` reads the ids.
-    (text,), (spans,) = render_jinja_template(conversations=[messages], chat_template=_chat_template(processor),
-                                              return_assistant_tokens_mask=True)
+    text, spans = render_chat_spans(messages, chat_template=_chat_template(processor))
     by_spans = bool(spans) and getattr(tokenizer_of(processor), "is_fast", False)
     ids, media, ranges = _process(processor, text, images, videos, offsets=by_spans)
-    mask = ([any(s < span_end and e > span_start for span_start, span_end in spans) for s, e in ranges] if by_spans
-            else assistant_mask(ids, processor))
+    mask = _overlaps(ranges, spans) if by_spans else assistant_mask(ids, processor)
     if media:
         start, end = special_ids(processor, (MEDIA_START, MEDIA_END))
         inside = False

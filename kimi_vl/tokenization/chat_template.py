@@ -179,6 +179,17 @@ def render_chat(
     return rendered[0]
 
 
+def render_chat_spans(
+    messages: list[dict[str, Any]], *, chat_template: str = CHAT_TEMPLATE
+) -> tuple[str, list[tuple[int, int]]]:
+    """`render_chat(messages)` and the character ranges `(start, end)` of the template's `{% generation %}` blocks, in
+    order (with `CHAT_TEMPLATE`: the assistant replies' text and their `<|im_end|>`, what
+    `apply_chat_template(..., return_assistant_tokens_mask=True)` marks); none for a template without such blocks."""
+    rendered, spans = render_jinja_template(conversations=[messages], chat_template=chat_template,
+                                            return_assistant_tokens_mask=True)
+    return rendered[0], [tuple(span) for span in spans[0]]
+
+
 __all__ = [
     "ASSISTANT_HEADER",
     "CHAT_TEMPLATE",
@@ -186,4 +197,5 @@ __all__ = [
     "KIMI_DEFAULT_SYSTEM_PROMPT",
     "VIDEO_PROMPT",
     "render_chat",
+    "render_chat_spans",
 ]
