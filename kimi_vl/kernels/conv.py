@@ -68,11 +68,11 @@ def causal_conv1d(
 
     if offsets is None and T == 1:
         window = torch.cat([tail, x.transpose(1, 2)], -1)  # [B, D, K]
-        y = (window * w).sum(-1, keepdim=True)
+        y = (window * w).sum(-1, keepdim=True).transpose(1, 2)
         new_tail = window[..., 1:]
     elif offsets is None:
         window = torch.cat([tail, x.transpose(1, 2)], -1)  # [B, D, K-1+T]
-        y = F.conv1d(window, w.unsqueeze(1), groups=D) if T else window[..., :0]
+        y = (F.conv1d(window, w.unsqueeze(1), groups=D) if T else window[..., :0]).transpose(1, 2)
         new_tail = window[..., T:]
     else:
         # Lay the sequences out as [tail_0, x_0, tail_1, x_1, ...] so one conv never mixes sequences. Rows are
@@ -95,10 +95,11 @@ def causal_conv1d(
             window = window.index_copy(0, index(tail_in), tail.transpose(1, 2).reshape(n_seq * (K - 1), D))
         window = window.t().unsqueeze(0)
         y = window[..., :0] if T == 0 else F.conv1d(window, w.unsqueeze(1), groups=D)
-        y = y.index_select(-1, index(out_pos))
+        # whole rows of the [L, D] view selected, and kept row-major: the ops after the conv read [1, T, D] rows
+        # faster than a transposed [1, D, T] selection (the pre-training step 0.94x, docs/RESULTS.md)
+        y = y[0].t().index_select(0, index(out_pos)).unsqueeze(0)
         if output_tail:
             new_tail = window[0].index_select(-1, index(tail_pos)).reshape(D, n_seq, K - 1).transpose(0, 1)
-    y = y.transpose(1, 2)
     if activation == "silu":
         y = F.silu(y)
     return y, new_tail.contiguous() if output_tail else None
