@@ -80,9 +80,9 @@ def main() -> None:
             work.mkdir()
             cast = make_sample("screencast", random.Random(DEMO_SEED + 1 + i), split=args.split).video
             video = write_video(cast.frames, work / "cast.mp4", cast.fps)
+            frames = np.stack([np.asarray(f) for f in cast.frames])  # the page and its anchors on the same frames
             result = run_video2web(video, args.model, work / "model", render=True, max_new_tokens=256, model=model,
-                                   processor=processor)
-            frames = np.stack([np.asarray(f) for f in cast.frames])
+                                   processor=processor, score_frames=frames)
             (work / "true.html").write_text(cast.html)
             true_score = render_and_score(work / "true.html", frames, work / "true")[3]["score"]
             blank = blank_page_score(frames)

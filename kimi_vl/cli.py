@@ -54,8 +54,9 @@ def _train(args: argparse.Namespace) -> None:
     settings.pop("preset", None)
     settings.pop("seed", None)
     settings.update(stage_overrides(args, args.stage))
-    if args.stage == "pretrain":
-        out = stages.pretrain(args.out, preset=preset or "tiny", seed=seed, **settings)
+    if args.stage in ("vit", "pretrain"):
+        run = stages.vit if args.stage == "vit" else stages.pretrain
+        out = run(args.out, preset=preset or "tiny", seed=seed, **settings)
     else:
         run = stages.sft if args.stage == "sft" else stages.rl
         out = run(args.from_dir, args.out, preset=preset, seed=seed, **settings)
@@ -78,8 +79,11 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 STAGE_HELP = {
-    "pretrain": "joint text-vision pre-training from scratch: on the embedded data, or on --data (documents and "
-                "chats; a BPE tokenizer is trained on them unless --tokenizer)",
+    "vit": "ViT training: the vision tower alone on the synthetic world's labelled images (counting scenes, bar "
+           "charts); writes a MoonViT checkpoint for pretrain's --vision-tower",
+    "pretrain": "joint text-vision pre-training: on the embedded data, or on --data (documents and chats; a BPE "
+                "tokenizer is trained on them unless --tokenizer); the vision tower from scratch or from "
+                "--vision-tower",
     "sft": "SFT from a checkpoint: zero-vision (text-only chats) on the embedded data, or on --data (chats)",
     "rl": "joint text-vision RL (K2.5 objective, verifiable rewards) from a checkpoint: on the synthetic world's "
           "tasks, or on --data (verl / EasyR1 prompt rows)",
@@ -96,11 +100,11 @@ def _add_train_parsers(sub: argparse._SubParsersAction) -> None:
         p = stages.add_parser(stage, help=help_text, description=help_text + ". Every setting below can also come "
                               "from --config FILE (YAML or JSON, the same names); the resolved configuration is "
                               "written to OUT/run_config.json.")
-        if stage != "pretrain":
+        if stage not in ("vit", "pretrain"):
             p.add_argument("--from", dest="from_dir", required=True, help="checkpoint directory to start from")
         p.add_argument("--out", required=True, help="output checkpoint directory")
         p.add_argument("--preset", default=None, help="model/data/schedule preset: tiny (CPU) or small (one GPU); "
-                       "default: tiny (pretrain), the checkpoint's preset (sft, rl)")
+                       "default: tiny (vit, pretrain), the checkpoint's preset (sft, rl)")
         p.add_argument("--config", default=None, help="YAML or JSON file of settings (options override it)")
         p.add_argument("--seed", type=int, default=None,
                        help="seed of the initialisation, data order and sampling (default: --config's, else 0)")

@@ -3,7 +3,8 @@
 Stages, each in its own directory under `out` and skipped when already finished (rerunning after an interruption
 continues from the last finished stage, and inside a training stage from its last checkpoint):
 
-1. `pretrain/`  tokenizer + joint text-vision pre-training (AttnRes, MuonClip, vision from step one)
+1. `vit/`       ViT training: the vision tower alone on labelled images (counting scenes, bar charts)
+   `pretrain/`  tokenizer + joint text-vision pre-training from that tower (AttnRes, MuonClip, vision from step one)
 2. `sft/`       zero-vision SFT (text-only chats)
 3. `rl/`        joint text-vision RL (K2.5 objective, verifiable rewards)
 4. `eval/`      MMLU-Pro and MathVista (real data with `data_dir`, else the synthetic proxies, labelled) for the
@@ -28,9 +29,11 @@ from .export import export_remote_code
 from .model_card import model_card
 from .progress import progress_bar
 from .training.presets import get_preset
-from .training.stages import pretrain, read_summary, rl, sft
+from .training.stages import pretrain, read_summary, rl, sft, vit
 
-STAGES = ("pretrain", "sft", "rl", "eval", "demo", "report")
+STAGES = ("vit", "pretrain", "sft", "rl", "eval", "demo", "report")
+TRAINING_STAGES = ("vit", "pretrain", "sft", "rl")
+"""The stages whose steps `scale` multiplies."""
 DEMO_SEED = 1_000_000
 """Seed of the demo's screencast, a page of the world's held-out eval split."""
 
@@ -120,8 +123,8 @@ def run_demo(out: Path, model_dir: Path) -> dict[str, Any]:
         render = True
     except BrowserNotFoundError:
         render = False
-    result = run_video2web(video, model_dir, demo, render=render, max_new_tokens=256)
-    frames = np.stack([np.asarray(f) for f in cast.frames])
+    frames = np.stack([np.asarray(f) for f in cast.frames])  # the page and its baselines scored on the same frames
+    result = run_video2web(video, model_dir, demo, render=render, max_new_tokens=256, score_frames=frames)
     blank = blank_page_score(frames)
     true = render_and_score(demo / "target.html", frames, demo / "true")[3]["score"] if render else None
     fixed = fixed_page_scores(frames, demo / "fixed") if render else None
@@ -201,9 +204,11 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     bar.set_description(f"quickstart [{next((s for s in STAGES if s not in times), STAGES[-1])}]")
     for stage, following in zip(STAGES, [*STAGES[1:], "done"]):
         t0 = time.perf_counter()
-        if stage == "pretrain":
+        if stage == "vit":
+            vit(out / "vit", preset=preset, steps=_scaled(p.stages["vit"].steps, scale), seed=seed, progress=progress)
+        elif stage == "pretrain":
             pretrain(out / "pretrain", preset=preset, steps=_scaled(p.stages["pretrain"].steps, scale), seed=seed,
-                     progress=progress)
+                     progress=progress, vision_tower=str(out / "vit"))
         elif stage == "sft":
             sft(out / "pretrain", out / "sft", steps=_scaled(p.stages["sft"].steps, scale), seed=seed,
                 progress=progress)
@@ -228,7 +233,7 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     return out / "REPORT.md"
 
 
-STAGE_SECONDS = {"pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
+STAGE_SECONDS = {"vit": 100.0, "pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
 """Each stage's wall time in seconds in a default run (seed 0 on the 2-core AMD EPYC Zen 5 of docs/RESULTS.md,
 16.9 min), the weights of the run's progress line: counted as six equal stages, the line told a user that 72
 minutes were left when pre-training ended after 14, with 2.5 to go. Measured with the `tiny` preset; another
@@ -239,7 +244,7 @@ def stage_shares(scale: float, eval_items: int) -> dict[str, int]:
     """Each stage's expected share of the run in whole percent, each within a point of the exact share and summing
     to 100: `STAGE_SECONDS` with the training stages scaled by `scale` and the evaluation by the items it scores
     (`eval_items` per checkpoint; the default run's proxies score 240)."""
-    seconds = {stage: s * (scale if stage in ("pretrain", "sft", "rl") else 1.0) for stage, s in STAGE_SECONDS.items()}
+    seconds = {stage: s * (scale if stage in TRAINING_STAGES else 1.0) for stage, s in STAGE_SECONDS.items()}
     seconds["eval"] *= eval_items / (MMLU_PRO_SYNTH_SIZE + MATHVISTA_SYNTH_SIZE)
     total = sum(seconds.values())
     exact = {stage: 100 * s / total for stage, s in seconds.items()}
@@ -382,18 +387,42 @@ def _family_rewards(rl_summary: dict[str, Any]) -> str:
     return ", by task family: " + ", ".join(parts) if parts else ""
 
 
+VIT_CHANCE = {"count.objects": 1 / 6, "chart_bar.tallest": None, "chart_bar.largest": 1 / 20,
+              "chart_bar.smallest": 1 / 20}
+"""Chance of each ViT-stage target (the tallest bar's position: 1/3 to 1/5 by the chart's bars, not one figure)."""
+
+
+def vit_lines(summary: dict[str, Any], seconds: float) -> list[str]:
+    """The ViT stage in REPORT.md: what it read, and each target's accuracy on held-out images beside chance (none
+    for runs without the stage)."""
+    if not summary:
+        return []
+    accuracy = summary.get("val_accuracy") or {}
+    parts = [f"{name} {100 * acc:.1f}%" + (f" (chance {100 * VIT_CHANCE[name]:.0f}%)" if VIT_CHANCE.get(name) else "")
+             for name, acc in accuracy.items()]
+    weights = summary.get("tasks") or {}
+    tasks = " and ".join(weights) if len(weights) < 2 else ", ".join(f"{t} {w:g}" for t, w in weights.items())
+    steps = summary.get("steps") or 1
+    return [f"ViT training (the vision tower alone, before joint pre-training): {steps} steps of "
+            f"{summary.get('images', 0) // steps} images ({tasks}{' by weight' if len(weights) > 1 else ''}), final "
+            f"loss {summary.get('final_loss', 0):.3f}, "
+            f"{seconds:.0f} s; accuracy on {summary.get('val_images_per_task')} held-out images per task: "
+            f"{', '.join(parts)}.", ""]
+
+
 def _img(path: Path, out: Path, alt: str) -> str:
     return f"![{alt}]({path.relative_to(out)})" if path.is_file() else f"({alt}: not produced)"
 
 
 def write_report(out: Path, times: dict[str, float]) -> Path:
     """`REPORT.md`: stage summaries, evaluation scores against chance, RL rewards, the demo, and the plots."""
-    s = {name: read_summary(out / name) or {} for name in ("pretrain", "sft", "rl")}
+    s = {name: read_summary(out / name) or {} for name in TRAINING_STAGES}
     ev, demo = _done(out / "eval" / "done.json") or {}, _done(out / "demo" / "done.json") or {}
     lines = ["# kimi-vl quickstart report", "",
              f"Preset `{s['pretrain'].get('preset')}`; final checkpoint: `model/` (load with "
              "`AutoModelForImageTextToText.from_pretrained` after `import kimi_vl`).", "",
-             "## Training", "", "| stage | steps | tokens | final train loss | validation loss | unigram baseline | "
+             "## Training", "", *vit_lines(s["vit"], times.get("vit", 0)),
+             "| stage | steps | tokens | final train loss | validation loss | unigram baseline | "
              "wall time (s) |", "|---|---|---|---|---|---|---|"]
     for name in ("pretrain", "sft"):
         x = s[name]

@@ -80,6 +80,9 @@ class DataConfig:
         drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks); video
             tasks may be named too (e.g. page_color=2).
         drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
+        vit_tasks: weights of the world's image tasks the ViT stage reads labels off (`kimi_vl.training.vit`:
+            count, chart_bar), e.g. count=20,chart_bar=12.
+        images_per_step: images per optimizer step of the ViT stage (split between vit_tasks by weight).
     """
 
     sources: list[str] = _for(*ALL, flag="--data", factory=list)
@@ -98,7 +101,7 @@ class DataConfig:
     tokenizer: str | None = _for("pretrain")
     vocab_size: int = _for("pretrain", default=1536)
     tokenizer_texts: int = _for("pretrain", default=4000)
-    image_max_patches: int = _for("pretrain", default=64)
+    image_max_patches: int = _for("vit", "pretrain", default=64)
     video_max_patches: int = _for("pretrain", default=64)
     video_fps: float = _for("pretrain", default=4.0)
     families: list[str] = _for("rl", factory=lambda: ["text", "vision"], split=",")
@@ -118,11 +121,14 @@ class DataConfig:
     drill_any_letters: bool = _for("pretrain", default=False)
     drill_vision_tasks: dict[str, float] | None = _for("pretrain")
     drill_vision_ratio: float | None = _for("pretrain")
+    vit_tasks: dict[str, float] | None = _for("vit")
+    images_per_step: int = _for("vit", default=32)
 
     def __post_init__(self) -> None:
-        if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family) < 1:
-            raise ConfigError(f"seq_len, rows, prompts_per_step and prompts_per_family must be >= 1 (got "
-                              f"{self.seq_len}, {self.rows}, {self.prompts_per_step}, {self.prompts_per_family}).")
+        if min(self.seq_len, self.rows, self.prompts_per_step, self.prompts_per_family, self.images_per_step) < 1:
+            raise ConfigError(f"seq_len, rows, prompts_per_step, prompts_per_family and images_per_step must be >= 1 "
+                              f"(got {self.seq_len}, {self.rows}, {self.prompts_per_step}, {self.prompts_per_family}, "
+                              f"{self.images_per_step}).")
         for name in ("vision_ratio", "drill_vision_ratio", "video_fraction", "chat_fraction", "code_fraction",
                      "text_chat_fraction"):
             if (value := getattr(self, name)) is not None and not 0.0 <= value <= 1.0:  # NaN fails too

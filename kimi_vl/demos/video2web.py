@@ -416,11 +416,15 @@ def run_video2web(
     timeout: float = 60.0,
     model: Any = None,
     processor: Any = None,
+    score_frames: np.ndarray | None = None,
 ) -> Video2WebResult:
     """Video -> `site.html` (and with `render=True` `render.png`, `compare.png`, `score.json`) in `out_dir`.
 
     See the module docstring for the steps. `model` / `processor` may be passed already loaded (then `model_dir`
-    is not read). With `render=True` the browser is looked for first, before the model is loaded. An earlier run's
+    is not read). `score_frames` (`[T, H, W, 3]` uint8), when given, are the frames the render is scored against
+    instead of those read from the video: a caller holding the video's source frames scores the page on the frames
+    its baselines are scored on, not on the video codec's decoding of them. With `render=True` the browser is looked
+    for first, before the model is loaded. An earlier run's
     `RENDER_FILES` in `out_dir` are removed when the new `site.html` is written. Raises `KimiVLError` subclasses:
     `CheckpointError` (model directory), `ConfigError` (model without vision, bad settings), `InvalidMediaError`
     (video), `BrowserNotFoundError` / `BrowserError` (rendering).
@@ -451,7 +455,7 @@ def run_video2web(
     )
     if render:
         result.render, result.compare, result.score_file, result.score = render_and_score(
-            site, clip.frames, out, timeout=timeout, browser=browser
+            site, clip.frames if score_frames is None else score_frames, out, timeout=timeout, browser=browser
         )
     return result
 

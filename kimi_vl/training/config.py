@@ -30,7 +30,7 @@ from .presets import get_preset
 from .rl import RLConfig
 from .trainer import TrainConfig
 
-STAGES: tuple[str, ...] = ("pretrain", "sft", "rl")
+STAGES: tuple[str, ...] = ("vit", "pretrain", "sft", "rl")
 SECTIONS: dict[str, type] = {"train": TrainConfig, "data": DataConfig, "rl": RLConfig}
 _DEFAULT_STAGES = {TrainConfig: STAGES, DataConfig: STAGES, RLConfig: ("rl",)}
 RUN_CONFIG = "run_config.json"

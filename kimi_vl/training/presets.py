@@ -40,6 +40,10 @@ class Preset:
 
 _TINY_IMAGE_TASKS = {"count": 3, "visual_math": 4, "chart_bar": 1, "color": 1, "shape": 1, "chart_line": 0.5,
                      "ocr": 0.5, "grounding": 0.5}
+# The ViT stage counts: the tower alone reads held-out counts 70% / 85% after 1000 / 2000 steps of 32 scenes (1 / 2.2
+# min here). Bar charts beside them (12 of 32) taught it the tallest bar (41%) but no language model used that: the
+# proxy's bar questions name their bars by printed labels, which neither reads (docs/RESULTS.md, "ViT training").
+_VIT_TASKS = {"count": 1}
 _TINY_MEDIA = dict(vocab_size=1536, tokenizer_texts=4000, image_max_patches=64, video_max_patches=64, video_fps=4.0)
 # 4 rows of 4096 tokens per micro-batch: 16 rows OOMed an H200 (139 GiB) at the first backward (docs/RESULTS.md,
 # "On a GPU"); gradient accumulation keeps the optimizer step's tokens (pre-training 131072, SFT 65536)
@@ -55,6 +59,7 @@ PRESETS: dict[str, Preset] = {
         vision=dict(hidden_size=64, num_attention_heads=2, num_hidden_layers=2, intermediate_size=128,
                     pos_emb_height=16, pos_emb_width=16),
         stages={
+            "vit": TrainConfig(steps=1500, lr=2e-3, warmup_steps=20, checkpoint_every=250),  # 1.7 min
             "pretrain": TrainConfig(steps=2000, lr=3e-3, warmup_steps=20, checkpoint_every=50, val_every=400),
             # lr 5e-4: text-only SFT unlearns reading images the faster the higher its rate (teacher-forced colour,
             # val items: 96% -> 41% at 2e-3 on one seed; 99 / 76 / 55% at 1e-3 on three seeds whose pre-training
@@ -91,6 +96,8 @@ PRESETS: dict[str, Preset] = {
         # a run could recall a quantity met with the wording instead of copying the question's (30 of the 31
         # conversions three seeds got wrong); with `units` the validation text proxy rose from 64.8% to 74.0%.
         data={
+            "vit": DataConfig(image_max_patches=_TINY_MEDIA["image_max_patches"], images_per_step=32,
+                              vit_tasks=_VIT_TASKS),
             "pretrain": DataConfig(seq_len=256, rows=8, **_TINY_MEDIA, vision_ratio=0.15, code_fraction=0.05,
                                    chat_fraction=0.5, text_chat_fraction=0.5,
                                    text_tasks={"mc": 3, "fact": 2, "arithmetic": 1, "units": 1, "lookup": 4},
@@ -117,12 +124,14 @@ PRESETS: dict[str, Preset] = {
         vision=dict(hidden_size=384, num_attention_heads=6, num_hidden_layers=8, intermediate_size=1536,
                     pos_emb_height=64, pos_emb_width=64),
         stages={
+            "vit": TrainConfig(steps=5000, lr=1e-3, warmup_steps=200, checkpoint_every=500),
             "pretrain": TrainConfig(steps=20_000, lr=2e-3, warmup_steps=500, grad_accum=8, checkpoint_every=1000,
                                     val_every=1000),
             "sft": TrainConfig(steps=2000, lr=5e-4, warmup_steps=100, grad_accum=4, checkpoint_every=500),
             "rl": TrainConfig(steps=500, lr=1e-5, weight_decay=0.0, warmup_steps=10, checkpoint_every=50),
         },
         data={
+            "vit": DataConfig(image_max_patches=1024, images_per_step=256, vit_tasks=_VIT_TASKS),
             "pretrain": DataConfig(**_SMALL_PACKING, vocab_size=32768, tokenizer_texts=200_000, image_max_patches=1024,
                                    video_max_patches=2048, video_fps=2.0, vision_ratio=0.25, num_workers=4),
             "sft": DataConfig(**_SMALL_PACKING, num_workers=4),

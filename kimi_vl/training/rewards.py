@@ -261,16 +261,20 @@ def choice_reward(response: str, answer: str, num_choices: int | None = None) ->
     return float(predicted is not None and predicted == answer.strip().strip("()").upper())
 
 
-def number_reward(response: str, answer: str | float, *, rel_tol: float = 1e-4, abs_tol: float = 1e-6,
+def number_reward(response: str, answer: str | float, *, rel_tol: float | None = None, abs_tol: float = 1e-6,
                   precision: int | None = None) -> float:
     """1.0 when the extracted number `p` and the true value `t` satisfy `|p - t| <= max(rel_tol * |t|, abs_tol)`,
-    else 0.0. With `precision` (decimal places of the true answer, MathVista's field) the absolute tolerance becomes
-    half a unit of the last place, `0.5 * 10**-precision`, so `3.46` counts for a true `3.5` at precision 1.
+    else 0.0. `rel_tol` defaults to 1e-4 for a true value with a fraction and to 0 for an integer one, which then
+    needs the integer itself (10001 is no answer to 10000, nor 1000001 to 1000000). With `precision` (decimal places
+    of the true answer, MathVista's field) the absolute tolerance becomes half a unit of the last place,
+    `0.5 * 10**-precision`, so `3.46` counts for a true `3.5` at precision 1.
     A true answer that holds no number raises `ConfigError`."""
     truth = true_number(answer)
     predicted = extract_number(response)
     if predicted is None:
         return 0.0
+    if rel_tol is None:
+        rel_tol = 0.0 if precision is None and float(truth).is_integer() else 1e-4
     if precision is not None:
         abs_tol = max(abs_tol, 0.5 * 10.0 ** (-int(precision)) + 1e-12)
     return float(abs(predicted - truth) <= max(rel_tol * abs(truth), abs_tol))

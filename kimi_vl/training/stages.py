@@ -6,9 +6,11 @@ state) and `training_summary.json`. Rerunning a stage resumes it from its last c
 summary says `complete`) is not rerun: asked again with the same settings it is returned as it is, with others
 (`RUN_ONLY_SETTINGS` aside) it raises `ConfigError`.
 
-- `pretrain`: joint text-vision pre-training from scratch (vision tokens from step one; the `tiny` preset: 10% of
-  the tokens in the option-letter drill, 15% after), MuonClip; on the embedded data, or on users' documents and
-  chats (`sources`) with a BPE tokenizer trained on them.
+- `vit`: ViT training, the vision tower alone on the synthetic world's labelled images (`kimi_vl.training.vit`);
+  writes a MoonViT checkpoint that `pretrain(..., vision_tower=DIR)` starts from.
+- `pretrain`: joint text-vision pre-training (vision tokens from step one; the `tiny` preset: 10% of the tokens in
+  the option-letter drill, 15% after), MuonClip, from scratch or with the tower of `vision_tower`; on the embedded
+  data, or on users' documents and chats (`sources`) with a BPE tokenizer trained on them.
 - `sft`: SFT from a checkpoint, loss on assistant tokens only: zero-vision (text-only chats) on the embedded data,
   or users' chats.
 - `rl`: joint text-vision RL from a checkpoint (K2.5 objective, verifiable rewards): on the synthetic world's tasks,
@@ -44,7 +46,7 @@ from ..progress import transformers_bars
 from ..text import KimiTextConfig
 from ..tokenization import build_tokenizer
 from ..tokenization.special_tokens import SPECIAL_TOKENS
-from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTVideoProcessor
+from ..vision import MoonViTConfig, MoonViTImageProcessor, MoonViTModel, MoonViTVideoProcessor
 from .checkpoint import list_checkpoints
 from .config import RUN_CONFIG, RunConfig, resolve, write_run_config
 from .distributed import barrier, collective_device, gather_ints, init_distributed, is_main_process
@@ -52,6 +54,7 @@ from .plots import plot_metrics, plot_rl_metrics
 from .presets import Preset, get_preset, warn_without_cuda
 from .rl import RLStep
 from .trainer import SKIP_NO_TARGETS, Trainer, read_metrics, unigram_entropy
+from .vit import ViTClassifier, ViTStep, check_tasks, vit_accuracy
 
 SUMMARY = "training_summary.json"
 
@@ -180,13 +183,14 @@ def _weights_changed(was: str | None, from_dir: str | Path) -> str:
 
 
 ORIGIN = "origin.json"
-"""In `state/` of an sft or rl run: the checkpoint it started from (`from`, `from_weights`), written at its start."""
+"""In `state/` of an sft or rl run: the checkpoint it started from (`from`, `from_weights`), written at its start
+(of a pretrain run: its `vision_tower`)."""
 
 
-def _check_origin(out_dir: Path, from_dir: str | Path) -> None:
+def _check_origin(out_dir: Path, from_dir: str | Path, flag: str = "--from") -> None:
     """Record in `out_dir/state` that a fresh run starts from `from_dir`. A run that resumes there from training
-    checkpoints started from another `--from` raises `ConfigError`: it would go on from their weights, not from
-    `from_dir`'s, and its summary would name `from_dir`."""
+    checkpoints started from another `--from` (`flag`) raises `ConfigError`: it would go on from their weights, not
+    from `from_dir`'s, and its summary would name `from_dir`."""
     record = out_dir / "state" / ORIGIN
     if list_checkpoints(out_dir / "state"):
         was = json.loads(record.read_text()) if record.is_file() else None  # runs before it was recorded: unknown
@@ -194,7 +198,7 @@ def _check_origin(out_dir: Path, from_dir: str | Path) -> None:
             raise ConfigError(
                 f"{out_dir} holds an unfinished run started from {was['from']}, and resuming it goes on from its "
                 f"training checkpoint, trained from that one, not from {from_dir}"
-                f"{_weights_changed(was['from'], from_dir)}. Resume it with --from "
+                f"{_weights_changed(was['from'], from_dir)}. Resume it with {flag} "
                 f"{was['from']}, or write the new run to another --out (or delete {out_dir}).")
         return
     if is_main_process():
@@ -365,18 +369,91 @@ def _processor_for(out_dir: Path, cfg: RunConfig) -> KimiVLProcessor:
     return processor
 
 
+VIT_VAL_IMAGES = 300
+"""Validation-split images per task on which the ViT stage's summary reports each target's accuracy."""
+
+
+def vit(out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,
+        config: RunConfig | None = None, **settings: Any) -> Path:
+    """ViT training (`kimi_vl.training.vit`): the preset's vision tower alone, with a read-out per task, on the
+    world's labelled images (preset `tiny` and seed 0 unless given). `out_dir` receives the tower as a MoonViT
+    checkpoint (`config.json`, `model.safetensors`, the image processor's `preprocessor_config.json`) for
+    `pretrain(..., vision_tower=out_dir)`, with the stage's records; its summary gives each target's accuracy on
+    held-out images. Returns `out_dir`."""
+    out_dir = Path(out_dir)
+    t0 = time.perf_counter()
+    cfg = _config("vit", config, preset, seed, settings, out_dir)
+    if _finished(out_dir, cfg):
+        return out_dir
+    tasks = check_tasks(cfg.data.vit_tasks)
+    images = MoonViTImageProcessor(max_patches=cfg.data.image_max_patches)
+    p = get_preset(cfg.preset)
+    torch.manual_seed(cfg.seed)
+    model = ViTClassifier(MoonViTModel(MoonViTConfig(**p.vision)), list(tasks))
+    trainer = Trainer(model, ViTStep(images, tasks, cfg.data.images_per_step, cfg.seed), cfg.train, out_dir,
+                      desc="vit", fingerprint=data_fingerprint(None, cfg.seed), hyperparameters=cfg.flat())
+    if trainer.accelerator.is_main_process:
+        write_run_config(cfg, out_dir)
+    last = trainer.train()
+    weights = trainer.accelerator.get_state_dict(trainer.model)
+    if not trainer.accelerator.is_main_process:
+        return out_dir
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    accuracy = vit_accuracy(model, images, list(tasks), VIT_VAL_IMAGES, seed=cfg.seed)
+    metrics = read_metrics(out_dir / "metrics.jsonl")
+    plot_metrics(metrics, out_dir / "plots", title="ViT training")
+    tower = {k.removeprefix("tower."): v for k, v in weights.items() if k.startswith("tower.")}
+    with transformers_bars(cfg.train.progress):
+        model.tower.save_pretrained(out_dir, state_dict=tower)
+    images.save_pretrained(out_dir)
+    (out_dir / SUMMARY).write_text(json.dumps({
+        "stage": "vit", "preset": cfg.preset, "seed": cfg.seed, "tasks": tasks, "steps": cfg.train.steps,
+        "final_loss": last.get("loss"), "val_accuracy": accuracy, "val_images_per_task": VIT_VAL_IMAGES,
+        "images": cfg.train.steps * cfg.data.images_per_step, "wall_time_s": time.perf_counter() - t0,
+        "complete": True}, indent=1))
+    return out_dir
+
+
+def load_vision_tower(model: KimiVLForConditionalGeneration, path: str | Path) -> None:
+    """Load the MoonViT checkpoint in `path` (the ViT stage's output, or a converted tower) into `model`'s vision
+    tower; `CheckpointError` when it is no MoonViT checkpoint or has another shape than the model's tower."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise CheckpointError(f"vision_tower {path} holds no config.json; pass the --out folder of `kimi-vl train vit` "
+                              "(or a tower converted by `kimi-vl convert kimi-k25-vision`).")
+    model_type = read_config_file(path / "config.json").get("model_type")
+    if model_type != MoonViTConfig.model_type:
+        raise CheckpointError(f"vision_tower {path} is a {model_type!r} checkpoint, not a {MoonViTConfig.model_type} "
+                              "tower; pass the --out folder of `kimi-vl train vit`.")
+    with transformers_bars(False):
+        tower = MoonViTModel.from_pretrained(path, dtype=torch.float32)
+    own, theirs = model.vision_tower.state_dict(), tower.state_dict()
+    mismatched = [f"{k} {tuple(theirs[k].shape) if k in theirs else 'missing'} vs {tuple(v.shape)}"
+                  for k, v in own.items() if k not in theirs or theirs[k].shape != v.shape]
+    if mismatched:
+        raise CheckpointError(f"vision_tower {path} has another shape than this preset's tower "
+                              f"({'; '.join(mismatched[:3])}{' ...' if len(mismatched) > 3 else ''}); train it with "
+                              "the same preset (`kimi-vl train vit --preset ...`).")
+    model.vision_tower.load_state_dict(theirs)
+
+
 def pretrain(out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,
              config: RunConfig | None = None, **settings: Any) -> Path:
-    """Joint text-vision pre-training from scratch (preset `tiny` and seed 0 unless given); returns the checkpoint
-    directory `out_dir`."""
+    """Joint text-vision pre-training (preset `tiny` and seed 0 unless given), from scratch or with the vision tower
+    of the `vision_tower` setting (a ViT stage's output); returns the checkpoint directory `out_dir`."""
     out_dir = Path(out_dir)
     cfg = _config("pretrain", config, preset, seed, settings, out_dir)
-    if _finished(out_dir, cfg):
+    tower = cfg.train.vision_tower
+    if _finished(out_dir, cfg, tower):
         return out_dir
     processor = _processor_for(out_dir, cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(get_preset(cfg.preset), processor)
-    return _train(cfg, model, processor, out_dir, {})
+    if tower is not None:
+        load_vision_tower(model, tower)  # a resumed run then loads its checkpoint over it
+        _check_origin(out_dir, tower, "--vision-tower")
+    origin = {} if tower is None else {"from": str(Path(tower).resolve()), "from_weights": weights_fingerprint(tower)}
+    return _train(cfg, model, processor, out_dir, origin)
 
 
 def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, seed: int | None = None,

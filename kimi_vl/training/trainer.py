@@ -148,6 +148,9 @@ class TrainConfig:
         report_to: experiment trackers that also get every step's metrics, comma-separated (in Python also a list):
             tensorboard, wandb, mlflow, trackio, ... (accelerate's; each needs its package; local ones write under
             OUT/trackers; none: only metrics.jsonl and the plots).
+        vision_tower: a MoonViT checkpoint folder whose weights the vision tower starts from (the ViT stage's
+            output, `kimi-vl train vit`, or a tower of the preset's shape converted by `kimi-vl convert
+            kimi-k25-vision`); none: the tower starts from scratch.
     """
 
     steps: int = 1000
@@ -173,6 +176,7 @@ class TrainConfig:
     max_minutes: float | None = None
     activation_checkpointing: bool = False
     report_to: str | None = field(default=None, metadata={"join": ","})
+    vision_tower: str | None = field(default=None, metadata={"stages": ("pretrain",)})
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, (list, tuple)):  # ["tensorboard", "wandb"], as transformers' TrainingArguments

@@ -311,3 +311,18 @@ def test_a_new_page_never_sits_beside_an_earlier_runs_render_and_score(loaded, c
     result = run_video2web(video, None, out, max_new_tokens=4, model=model, processor=processor)
     assert result.score is None
     assert sorted(p.name for p in out.iterdir()) == ["notes.txt", "reply.txt", "site.html"]
+
+
+def test_the_page_is_scored_on_the_frames_given(loaded, cast, tmp_path, chromium):
+    """`score_frames`: the quickstart and `bench/video2web.py` score the page on the screencast's own frames, as
+    they score its blank, true and fixed pages, not on the mp4 codec's decoding of them."""
+    sc, video = cast
+    model, processor = loaded
+    frames = np.stack([np.asarray(f) for f in sc.frames])
+    given = run_video2web(video, None, tmp_path / "given", max_new_tokens=4, model=model, processor=processor,
+                          render=True, score_frames=frames)
+    again = render_and_score(given.site, frames, tmp_path / "again")[3]
+    assert given.score["score"] == again["score"] and len(given.score["frame_scores"]) == len(frames)
+    decoded = run_video2web(video, None, tmp_path / "decoded", max_new_tokens=4, model=model, processor=processor,
+                            render=True)
+    assert decoded.html == given.html and decoded.score["score"] != given.score["score"]

@@ -40,7 +40,8 @@ def test_quickstart_smoke(tmp_path):
     before = (out / "model" / "model.safetensors").stat().st_mtime
     assert main(["quickstart", "--out", str(out), "--scale", "0.02", "--eval-limit", "4"]) == 0  # all stages done
     assert (out / "model" / "model.safetensors").stat().st_mtime >= before
-    assert json.loads((out / "stage_times.json").read_text()).keys() >= {"pretrain", "sft", "rl", "eval", "demo"}
+    assert json.loads((out / "stage_times.json").read_text()).keys() >= {"vit", "pretrain", "sft", "rl", "eval", "demo"}
+    assert "ViT training (the vision tower alone, before joint pre-training)" in report
 
 
 def _mmlu_pro_only(root):
@@ -314,7 +315,7 @@ def test_the_progress_line_weighs_each_stage_by_its_expected_time(tmp_path, monk
             clock[0] += qs.STAGE_SECONDS[stage]
         return run
 
-    for stage, name in [("pretrain", "pretrain"), ("sft", "sft"), ("rl", "rl"), ("eval", "run_eval"),
+    for stage, name in [("vit", "vit"), ("pretrain", "pretrain"), ("sft", "sft"), ("rl", "rl"), ("eval", "run_eval"),
                         ("demo", "run_demo"), ("report", "export_final")]:
         monkeypatch.setattr(qs, name, takes(stage))
     monkeypatch.setattr(qs, "write_report", lambda out, times: None)
@@ -322,18 +323,18 @@ def test_the_progress_line_weighs_each_stage_by_its_expected_time(tmp_path, monk
     monkeypatch.setattr(progress.sys, "stderr", log)  # a log file: whole lines
     qs.quickstart(tmp_path / "qs")
     lines = log.getvalue().splitlines()
-    assert lines[0] == "quickstart [pretrain]: 0/100 (0%), 00:00 elapsed"
+    assert lines[0] == "quickstart [vit]: 0/100 (0%), 00:00 elapsed"
     after_pretraining = next(line for line in lines if line.startswith("quickstart [sft]"))
     minutes, seconds = re.search(r"(\d\d):(\d\d) left", after_pretraining).groups()
-    rest = sum(qs.STAGE_SECONDS.values()) - qs.STAGE_SECONDS["pretrain"]
+    rest = sum(qs.STAGE_SECONDS.values()) - qs.STAGE_SECONDS["vit"] - qs.STAGE_SECONDS["pretrain"]
     assert abs(60 * int(minutes) + int(seconds) - rest) < 0.05 * rest, after_pretraining
     assert lines[-1].startswith("quickstart [done]: 100/100 (100%)") and lines[-1].endswith("00:00 left")
 
     log.seek(0), log.truncate()
     times = json.loads((tmp_path / "qs" / "stage_times.json").read_text())
-    (tmp_path / "qs" / "stage_times.json").write_text(json.dumps({k: times[k] for k in ("pretrain", "sft")}))
+    (tmp_path / "qs" / "stage_times.json").write_text(json.dumps({k: times[k] for k in ("vit", "pretrain", "sft")}))
     qs.quickstart(tmp_path / "qs")
-    done = qs.stage_shares(1.0, 240)["pretrain"] + qs.stage_shares(1.0, 240)["sft"]
+    done = sum(qs.stage_shares(1.0, 240)[k] for k in ("vit", "pretrain", "sft"))
     assert log.getvalue().splitlines()[0] == f"quickstart [rl]: {done}/100 ({done}%), 00:00 elapsed"
 
 
@@ -345,7 +346,7 @@ def test_stage_shares_are_whole_percents_that_follow_the_expected_times(scale, e
 
     shares = stage_shares(scale, eval_items)
     assert list(shares) == list(STAGES) and sum(shares.values()) == 100
-    seconds = {s: t * (scale if s in ("pretrain", "sft", "rl") else eval_items / 240 if s == "eval" else 1)
+    seconds = {s: t * (scale if s in ("vit", "pretrain", "sft", "rl") else eval_items / 240 if s == "eval" else 1)
                for s, t in STAGE_SECONDS.items()}
     for stage, share in shares.items():
         exact = 100 * seconds[stage] / sum(seconds.values())

@@ -113,6 +113,10 @@ def test_number_reward_tolerance():
     assert number_reward("The answer is 7.001", "7", rel_tol=1e-4) == 0.0    # 1e-3 > 7e-4
     assert number_reward("The answer is 99", "100") == 0.0
     assert number_reward("The answer is 99", "100", rel_tol=0.01) == 1.0
+    # an integer truth needs the integer: 1e-4 of a large one would pass a neighbour (a units conversion's 10080)
+    assert number_reward("The answer is 10001", "10000") == 0.0 and number_reward("The answer is 10080", "10080") == 1.0
+    assert number_reward("The answer is 10000.0", "10000") == 1.0
+    assert number_reward("The answer is 2.50001", "2.5") == 1.0 and number_reward("The answer is 2.6", "2.5") == 0.0
     # precision 1: half a unit of the last place, 0.05
     assert number_reward("The answer is 3.46", "3.5", precision=1) == 1.0
     assert number_reward("The answer is 3.44", "3.5", precision=1) == 0.0
