@@ -19,6 +19,7 @@ With `--task chart_bar` the images are the world's bar charts (3-5 bars, each va
 learned queries (five for the values, five for the labels, left to right) attend over the image's patches
 (positions), each followed by a 21-way linear layer (a value or a town, or no bar); accuracy counts the bars present
 (chance 5% for a value, about 10% for a label). `--task chart_values` reads the values only (five queries).
+`--task count` reads how many objects the world's counting scenes hold (1-6, one query; chance 1/6).
 
 Prints the training loss and validation accuracy every `--every` steps (chance 2.5% for ocr).
 
@@ -30,6 +31,7 @@ Prints the training loss and validation accuracy every `--every` steps (chance 2
     python bench/ocr_tower.py --task chart_values --classifiers tower --draws 60000 --steps 5000 --every 500 \
         --save runs/ocr/tower_chart_values.pt
     python bench/ocr_tower.py --task chart_bar --classifiers tower --draws 60000 --steps 4000 --every 500
+    python bench/ocr_tower.py --task count --classifiers tower cnn --draws 20000 --steps 1000 --every 100
 
 `--save` writes the trained tower's weights (the `tower` classifier's, without its head) for
 `bench/vision_ratio.py --tower`: a stand-in for K2.5's ViT-training stage before joint pre-training.
@@ -61,6 +63,10 @@ def single_words(split: str, n: int, seed: int) -> list[Sample]:
 
 def bar_charts(split: str, n: int, seed: int) -> list[Sample]:
     return make_samples(("chart_bar",), n, seed=seed, split=split)
+
+
+def scenes(split: str, n: int, seed: int) -> list[Sample]:
+    return make_samples(("count",), n, seed=seed, split=split)
 
 
 def pooled(x: torch.Tensor, sizes: list[int]) -> torch.Tensor:
@@ -119,6 +125,8 @@ def bar_targets(items: list[Sample], labels: bool) -> torch.Tensor:
 
 
 TASKS = {
+    "count": Task(scenes, lambda items: torch.tensor([[int(s.answer) - 1] for s in items]),
+                  lambda d: SlotHead(d, 1, 6), ("counts",), lambda t: torch.ones_like(t, dtype=torch.bool)),
     "ocr": Task(single_words, lambda items: torch.tensor([[WORDS.index(s.answer)] for s in items]),
                 lambda d: PooledHead(d, len(WORDS)), ("words",), lambda t: torch.ones_like(t, dtype=torch.bool)),
     "chart_values": Task(bar_charts, lambda items: bar_targets(items, labels=False),
@@ -210,7 +218,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--task", choices=tuple(TASKS), default="ocr",
                     help="ocr: which of 40 words; chart_bar: the value (1-20) and the label of each bar of the world's "
-                         "bar charts; chart_values: the values only")
+                         "bar charts; chart_values: the values only; count: how many objects (1-6) a scene holds")
     ap.add_argument("--draws", type=int, default=6000,
                     help="training draws of the task (of ocr's, about two thirds are single words and kept)")
     ap.add_argument("--classifiers", nargs="+", choices=("tower", "tower-pos", "patch-mlp", "cnn"),

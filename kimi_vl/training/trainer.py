@@ -80,6 +80,7 @@ _FLOAT_RANGES: dict[str, tuple[float, bool, float | None, str | None]] = {
     "max_grad_norm": (0, False, None, "to disable clipping"),
     "router_bias_rate": (0, True, None, None),
     "max_minutes": (0, False, None, "for no time limit"),
+    "vision_lr_scale": (0, True, None, None),
 }
 """The range of each real-valued setting of `TrainConfig`: `(lowest, whether lowest itself is allowed, highest
 (included) or None, what None means where it is allowed)`; every value must also be finite."""
@@ -151,6 +152,9 @@ class TrainConfig:
         vision_tower: a MoonViT checkpoint folder whose weights the vision tower starts from (the ViT stage's
             output, `kimi-vl train vit`, or a tower of the preset's shape converted by `kimi-vl convert
             kimi-k25-vision`); none: the tower starts from scratch.
+        vision_lr_scale: the vision tower's learning rate as a fraction of lr (its weight decay scales with it):
+            below 1 the tower moves slower than the language model, keeping longer what it learned before (a
+            `vision_tower`); 0 holds it fixed.
     """
 
     steps: int = 1000
@@ -177,6 +181,7 @@ class TrainConfig:
     activation_checkpointing: bool = False
     report_to: str | None = field(default=None, metadata={"join": ","})
     vision_tower: str | None = field(default=None, metadata={"stages": ("pretrain",)})
+    vision_lr_scale: float = field(default=1.0, metadata={"stages": ("pretrain", "sft", "rl")})
 
     def __post_init__(self) -> None:
         if isinstance(self.report_to, (list, tuple)):  # ["tensorboard", "wandb"], as transformers' TrainingArguments
@@ -208,12 +213,37 @@ def wsd_lr(step: int, cfg: TrainConfig) -> float:
 
 
 def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """MuonClip or AdamW over `model`'s trainable parameters; with `cfg.vision_lr_scale != 1` the vision tower's
+    parameters form groups of their own whose `lr_scale` the trainer multiplies the step's rate by
+    (`scale_vision_groups`)."""
     if cfg.optimizer == "muonclip":
-        return MuonClip(model, cfg.lr, weight_decay=cfg.weight_decay, qk_clip_tau=cfg.qk_clip_tau)
-    decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
-    no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
-    return torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
-                             betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        optimizer = MuonClip(model, cfg.lr, weight_decay=cfg.weight_decay, qk_clip_tau=cfg.qk_clip_tau)
+    else:
+        decay = [p for p in model.parameters() if p.requires_grad and p.ndim >= 2]
+        no_decay = [p for p in model.parameters() if p.requires_grad and p.ndim < 2]
+        optimizer = torch.optim.AdamW([{"params": decay}, {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr,
+                                      betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    if cfg.vision_lr_scale != 1.0:
+        scale_vision_groups(optimizer, model, cfg.vision_lr_scale)
+    return optimizer
+
+
+def scale_vision_groups(optimizer: torch.optim.Optimizer, model: nn.Module, scale: float) -> None:
+    """Move the parameters of `model.vision_tower` out of each of `optimizer`'s groups into a copy of that group
+    (same rule and settings) with `lr_scale = scale`; `ConfigError` for a model without a vision tower. Call it
+    before the first step (no optimizer state yet)."""
+    tower = getattr(model, "vision_tower", None)
+    if tower is None:
+        raise ConfigError(f"vision_lr_scale={scale} scales a vision tower's rate, and {type(model).__name__} has no "
+                          "vision_tower; leave vision_lr_scale at 1.")
+    ids = {id(p) for p in tower.parameters()}
+    groups = []
+    for group in optimizer.param_groups:
+        rest = [p for p in group["params"] if id(p) not in ids]
+        vision = [p for p in group["params"] if id(p) in ids]
+        split = ({**group, "params": rest}, {**group, "params": vision, "lr_scale": scale})
+        groups += [g for g in split if g["params"]]
+    optimizer.param_groups = groups
 
 
 def unigram_entropy(data: BatchSource, num_batches: int = 8) -> float:
@@ -433,7 +463,7 @@ class Trainer:
                 if finite:
                     self.nonfinite_in_a_row = 0
                     for group in self.optimizer.param_groups:
-                        group["lr"] = lr
+                        group["lr"] = lr * group.get("lr_scale", 1.0)
                     self.optimizer.step()  # post-step hooks: the router-bias update
                     loads = self.balancing.last_loads
                 else:

@@ -134,3 +134,39 @@ def test_the_cli_trains_the_vit_stage(tmp_path, capsys):
           "--vit-tasks", "count=1", "--no-progress"])
     assert "wrote" in capsys.readouterr().out
     assert read_summary(tmp_path / "v")["tasks"] == {"count": 1.0}
+
+
+def test_vision_lr_scale_zero_holds_the_tower_while_the_language_model_trains(vit_dir, tmp_path):
+    """`vision_lr_scale`: the tower's parameters get groups of their own at `scale * lr` (weight decay scaling
+    with it); at 0 joint pre-training keeps the ViT stage's tower exactly."""
+    from safetensors.torch import load_file
+
+    out = tmp_path / "pretrain"
+    pretrain(out, steps=2, progress=False, val_batches=1, tokenizer_texts=300, vision_tower=str(vit_dir),
+             vision_lr_scale=0.0)
+    joint, tower = load_file(out / "model.safetensors"), load_file(vit_dir / "model.safetensors")
+    assert all(torch.equal(joint[f"vision_tower.{k}"], v) for k, v in tower.items())
+    start = build_model(get_preset("tiny"), build_processor(get_preset("tiny").data["pretrain"],
+                                                            texts=["a few words"] * 20))
+    assert not torch.equal(joint["multi_modal_projector.mlp.fc1.weight"],
+                           start.state_dict()["multi_modal_projector.mlp.fc1.weight"])
+
+
+def test_the_trainer_sets_the_towers_rate_to_its_share_of_the_step(tmp_path):
+    from kimi_vl.text import KimiTextConfig, KimiTextForCausalLM
+    from kimi_vl.training.trainer import TrainConfig, build_optimizer
+
+    preset = get_preset("tiny")
+    model = build_model(preset, build_processor(preset.data["pretrain"], texts=["a few words"] * 20))
+    optimizer = build_optimizer(model, TrainConfig(vision_lr_scale=0.25))
+    tower = {id(p) for p in model.vision_tower.parameters()}
+    for group in optimizer.param_groups:
+        ids = {id(p) for p in group["params"]}
+        assert ids <= tower and group["lr_scale"] == 0.25 if ids & tower else "lr_scale" not in group
+    assert sum(len(g["params"]) for g in optimizer.param_groups) == sum(1 for _ in model.parameters())
+    text = KimiTextForCausalLM(KimiTextConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                              num_attention_heads=2, kda_num_heads=2, kda_head_dim=8))
+    with pytest.raises(ConfigError, match="has no vision_tower"):
+        build_optimizer(text, TrainConfig(vision_lr_scale=0.5))
+    with pytest.raises(ConfigError, match="vision_lr_scale must be >= 0"):
+        TrainConfig(vision_lr_scale=-1)
