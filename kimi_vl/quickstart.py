@@ -3,7 +3,7 @@
 Stages, each in its own directory under `out` and skipped when already finished (rerunning after an interruption
 continues from the last finished stage, and inside a training stage from its last checkpoint):
 
-1. `vit/`       ViT training: the vision tower alone on labelled images (counting scenes, bar charts)
+1. `vit/`       ViT training: the vision tower alone on labelled images (counts, shapes' and pages' colours)
    `pretrain/`  tokenizer + joint text-vision pre-training from that tower (AttnRes, MuonClip, vision from step one)
 2. `sft/`       zero-vision SFT (text-only chats)
 3. `rl/`        joint text-vision RL (K2.5 objective, verifiable rewards)
@@ -233,7 +233,7 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     return out / "REPORT.md"
 
 
-STAGE_SECONDS = {"vit": 100.0, "pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
+STAGE_SECONDS = {"vit": 150.0, "pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
 """Each stage's wall time in seconds in a default run (seed 0 on the 2-core AMD EPYC Zen 5 of docs/RESULTS.md,
 16.9 min), the weights of the run's progress line: counted as six equal stages, the line told a user that 72
 minutes were left when pre-training ended after 14, with 2.5 to go. Measured with the `tiny` preset; another
@@ -387,18 +387,16 @@ def _family_rewards(rl_summary: dict[str, Any]) -> str:
     return ", by task family: " + ", ".join(parts) if parts else ""
 
 
-VIT_CHANCE = {"count.objects": 1 / 6, "chart_bar.tallest": None, "chart_bar.largest": 1 / 20,
-              "chart_bar.smallest": 1 / 20}
-"""Chance of each ViT-stage target (the tallest bar's position: 1/3 to 1/5 by the chart's bars, not one figure)."""
-
-
 def vit_lines(summary: dict[str, Any], seconds: float) -> list[str]:
     """The ViT stage in REPORT.md: what it read, and each target's accuracy on held-out images beside chance (none
     for runs without the stage)."""
     if not summary:
         return []
+    from .training.vit import VIT_TARGETS
+
+    chance = {f"{task}.{t.name}": t.chance for task, targets in VIT_TARGETS.items() for t in targets}
     accuracy = summary.get("val_accuracy") or {}
-    parts = [f"{name} {100 * acc:.1f}%" + (f" (chance {100 * VIT_CHANCE[name]:.0f}%)" if VIT_CHANCE.get(name) else "")
+    parts = [f"{name} {100 * acc:.1f}%" + (f" (chance {100 * chance[name]:.0f}%)" if chance.get(name) else "")
              for name, acc in accuracy.items()]
     weights = summary.get("tasks") or {}
     tasks = " and ".join(weights) if len(weights) < 2 else ", ".join(f"{t} {w:g}" for t, w in weights.items())

@@ -66,8 +66,9 @@ COLORS: dict[str, tuple[int, int, int]] = {
 }
 """CSS named colours used by the pages, with their sRGB values (as Chromium paints them)."""
 
-_DARK = frozenset(["navy", "teal", "maroon", "purple", "green", "olive", "gray", "black", "blue", "red", "brown",
-                   "indigo"])
+DARK_COLORS = frozenset(["navy", "teal", "maroon", "purple", "green", "olive", "gray", "black", "blue", "red",
+                         "brown", "indigo"])
+"""The dark colours of `COLORS` (white text on them): headers are dark, sections and buttons light."""
 _TITLES = ("Shop", "Blog", "News", "Cafe", "Games", "Music", "Travel", "Studio", "Books", "Garden", "Sports",
            "Photos", "Bakery", "Hotel", "Radio", "Clinic")
 _HEADINGS = ("Sale", "About", "Menu", "Team", "Prices", "Contact", "Events", "Hours", "Tips", "Offers", "Jobs",
@@ -144,7 +145,7 @@ class Screencast:
 
 
 def _text_color(color: str) -> str:
-    return "#fff" if color in _DARK else "#000"
+    return "#fff" if color in DARK_COLORS else "#000"
 
 
 def random_page(rng: random.Random) -> PageSpec:
@@ -155,7 +156,7 @@ def random_page(rng: random.Random) -> PageSpec:
     HTML is ~140 tokens and a pre-training document (8 frames at 160 x 120 + question + HTML) at most ~235 tokens;
     a third section would add ~35 tokens."""
     n = SECTIONS
-    light = rng.sample(sorted(set(COLORS) - _DARK), n + 1)
+    light = rng.sample(sorted(set(COLORS) - DARK_COLORS), n + 1)
     headings = rng.sample(_HEADINGS, n)
     sections = tuple(
         Section(
@@ -168,7 +169,7 @@ def random_page(rng: random.Random) -> PageSpec:
     )
     return PageSpec(
         title=rng.choice(_TITLES),
-        header_color=rng.choice(sorted(_DARK)),
+        header_color=rng.choice(sorted(DARK_COLORS)),
         header_height=rng.randrange(16, 32, 4),
         sections=sections,
         button=rng.choice(_BUTTONS),
@@ -196,7 +197,7 @@ def page_html(spec: PageSpec) -> str:
     """
 
     def colored(color: str) -> list[str]:
-        return [f"background:{color}"] + (["color:#fff"] if color in _DARK else [])
+        return [f"background:{color}"] + (["color:#fff"] if color in DARK_COLORS else [])
 
     out = ['<html><body style="margin:0;font:10px sans-serif">']
     out.append(f'<div style="{_style(f"height:{spec.header_height}px", *colored(spec.header_color))}">'
@@ -309,7 +310,7 @@ def render_frame(
         if hover == i:
             rgb = _shade(rgb)
         draw.rectangle([box.x0, y0, box.x1 - 1, y1 - 1], fill=rgb)
-        ink = (255, 255, 255) if box.color in _DARK else (0, 0, 0)
+        ink = (255, 255, 255) if box.color in DARK_COLORS else (0, 0, 0)
         if box.kind == "button":
             font = _font(False, BUTTON_FONT_SIZE)
             tw = draw.textlength(texts[i], font=font)

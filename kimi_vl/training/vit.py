@@ -15,6 +15,9 @@ from (`pretrain(..., vision_tower=DIR)`).
 
 Tasks (`VIT_TARGETS`) and what is read off their images (classes):
 - `count`: 1-6 objects of one shape and colour; the number of objects (6).
+- `color`: one shape; its colour (10).
+- `page_color`: a screencast's first frame (the top of its page); the header's and the first section's background
+  colours (24 each).
 - `chart_bar`: bar charts of 3-5 bars, each value 1-20 printed above its bar; the tallest bar's position (5), the
   largest value (20), the smallest value (20).
 
@@ -30,31 +33,44 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from PIL import Image
 from torch import nn
 
-from ..data.world import Sample, make_sample, sample_rng
+from ..data.screencast import COLORS as PAGE_COLORS
+from ..data.screencast import DARK_COLORS
+from ..data.world import COLORS, Sample, make_sample, sample_rng
 from ..errors import ConfigError
 from ..vision import MoonViTImageProcessor, MoonViTModel
 
 
 @dataclass(frozen=True)
 class Target:
-    """One label of a task's images: its `name`, number of `classes` and `label(sample)` in `[0, classes)`."""
+    """One label of a task's images: its `name`, number of `classes`, `label(sample)` in `[0, classes)`, and the
+    `chance` of a uniform guess among the values it takes (None where that varies by image)."""
 
     name: str
     classes: int
     label: Callable[[Sample], int]
+    chance: float | None
 
 
 def _values(sample: Sample) -> list[int]:
     return sample.meta["values"]
 
 
+_COLOURS, _PAGE_COLOURS = list(COLORS), list(PAGE_COLORS)
+
 VIT_TARGETS: dict[str, tuple[Target, ...]] = {
-    "count": (Target("objects", 6, lambda s: s.meta["count"] - 1),),
-    "chart_bar": (Target("tallest", 5, lambda s: _values(s).index(max(_values(s)))),
-                  Target("largest", 20, lambda s: max(_values(s)) - 1),
-                  Target("smallest", 20, lambda s: min(_values(s)) - 1)),
+    "count": (Target("objects", 6, lambda s: s.meta["count"] - 1, 1 / 6),),
+    "color": (Target("colour", len(_COLOURS), lambda s: _COLOURS.index(s.answer), 1 / len(_COLOURS)),),
+    "page_color": (Target("header", len(_PAGE_COLOURS), lambda s: _PAGE_COLOURS.index(s.video.spec.header_color),
+                          1 / len(DARK_COLORS)),
+                   Target("first_section", len(_PAGE_COLOURS),
+                          lambda s: _PAGE_COLOURS.index(s.video.spec.sections[0].color),
+                          1 / (len(PAGE_COLORS) - len(DARK_COLORS)))),
+    "chart_bar": (Target("tallest", 5, lambda s: _values(s).index(max(_values(s))), None),  # 1/3 to 1/5
+                  Target("largest", 20, lambda s: max(_values(s)) - 1, 1 / 20),
+                  Target("smallest", 20, lambda s: min(_values(s)) - 1, 1 / 20)),
 }
 """The world's image tasks the ViT stage trains on, and what it reads off each image."""
 
@@ -132,6 +148,11 @@ class ViTClassifier(nn.Module):
         return out
 
 
+def vit_image(sample: Sample) -> Image.Image:
+    """The image a sample gives the ViT stage: its image, or a screencast's first frame."""
+    return sample.image if sample.image is not None else sample.video.frames[0]
+
+
 def vit_samples(tasks: Mapping[str, float], images: int, seed: int, step: int, split: str = "train"
                 ) -> list[tuple[str, Sample]]:
     """The `(task, sample)` pairs of step `step`: `images_per_task` of each task, from `split`, a pure function of
@@ -145,7 +166,7 @@ def vit_samples(tasks: Mapping[str, float], images: int, seed: int, step: int, s
 def vit_loss(model: nn.Module, processor: MoonViTImageProcessor, items: Sequence[tuple[str, Sample]],
              device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
     """The mean over `items` of each image's mean cross-entropy over its task's targets, and the patches read."""
-    inputs = processor([s.image for _, s in items], return_tensors="pt")
+    inputs = processor([vit_image(s) for _, s in items], return_tensors="pt")
     logits = model(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), [t for t, _ in items])
     losses = []
     for (task, sample), image_logits in zip(items, logits):
@@ -168,7 +189,7 @@ def vit_accuracy(model: ViTClassifier, processor: MoonViTImageProcessor, tasks: 
         samples = [make_sample(task, sample_rng(seed, i, f"vit-val-{task}"), "val") for i in range(n)]
         for start in range(0, n, batch):
             chunk = samples[start:start + batch]
-            inputs = processor([s.image for s in chunk], return_tensors="pt")
+            inputs = processor([vit_image(s) for s in chunk], return_tensors="pt")
             logits = model(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), [task] * len(chunk))
             for sample, image_logits in zip(chunk, logits):
                 for target, x in zip(VIT_TARGETS[task], image_logits):
@@ -212,4 +233,4 @@ class ViTStep:
 
 
 __all__ = ["VIT_TARGETS", "Readout", "Target", "ViTClassifier", "ViTStep", "check_tasks", "images_per_task",
-           "vit_accuracy", "vit_loss", "vit_samples"]
+           "vit_accuracy", "vit_image", "vit_loss", "vit_samples"]

@@ -4,16 +4,18 @@ checkpoint, and joint pre-training starting from that tower."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 
 from kimi_vl.cli import main
-from kimi_vl.data.world import item_key, make_sample, sample_rng, split_of
+from kimi_vl.data.screencast import COLORS as PAGE_COLORS
+from kimi_vl.data.world import COLORS, item_key, make_sample, sample_rng, split_of
 from kimi_vl.errors import CheckpointError, ConfigError
 from kimi_vl.training.presets import get_preset
 from kimi_vl.training.stages import build_model, build_processor, load_vision_tower, pretrain, read_summary, vit
 from kimi_vl.training.trainer import read_metrics
-from kimi_vl.training.vit import VIT_TARGETS, Readout, check_tasks, images_per_task, vit_samples
+from kimi_vl.training.vit import VIT_TARGETS, Readout, check_tasks, images_per_task, vit_image, vit_samples
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +36,14 @@ def test_targets_are_read_off_the_samples_meta():
     values = chart.meta["values"]
     tallest, largest, smallest = _labels("chart_bar", chart)
     assert values[tallest] == max(values) and largest == max(values) - 1 and smallest == min(values) - 1
+    shape = make_sample("color", sample_rng(0, 2))
+    assert list(COLORS)[_labels("color", shape)[0]] == shape.answer == shape.meta["objects"][0]["color"]
+    page = make_sample("page_color", sample_rng(0, 4))
+    header, section = (list(PAGE_COLORS)[i] for i in _labels("page_color", page))
+    assert (header, section) == (page.video.spec.header_color, page.video.spec.sections[0].color)
+    assert vit_image(page) is page.video.frames[0] and vit_image(shape) is shape.image
+    top = np.asarray(page.video.frames[0])[2, 80]  # the header's background, under no text at its top row
+    assert tuple(top) == PAGE_COLORS[header]
     for task, targets in VIT_TARGETS.items():  # every label inside its classes, over many draws
         for i in range(200):
             s = make_sample(task, sample_rng(1, i))
@@ -45,7 +55,7 @@ def test_images_per_task_split_the_step_by_weight():
     assert images_per_task({"count": 1, "chart_bar": 1}, 5) in ({"count": 3, "chart_bar": 2},
                                                                 {"count": 2, "chart_bar": 3})
     assert sum(images_per_task({"count": 0.3, "chart_bar": 0.7}, 7).values()) == 7
-    for bad, message in (({}, "empty"), ({"color": 1}, r"names \['color'\]"), ({"count": -1}, ">= 0"),
+    for bad, message in (({}, "empty"), ({"shape": 1}, r"names \['shape'\]"), ({"count": -1}, ">= 0"),
                          ({"count": 0}, "not all 0"), ({"count": math.nan}, "finite")):
         with pytest.raises(ConfigError, match=message):
             check_tasks(bad)
