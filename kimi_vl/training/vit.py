@@ -177,6 +177,7 @@ def vit_loss(model: nn.Module, processor: MoonViTImageProcessor, items: Sequence
 
 
 @torch.no_grad()
+@torch.no_grad()
 def vit_accuracy(model: ViTClassifier, processor: MoonViTImageProcessor, tasks: Sequence[str], n: int = 300,
                  seed: int = 0, batch: int = 50) -> dict[str, float]:
     """Accuracy of every target (`"count.objects"`, `"chart_bar.tallest"`, ...) on `n` validation-split images of
