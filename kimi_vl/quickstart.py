@@ -233,11 +233,12 @@ def quickstart(out: str | Path = "runs/quickstart", *, preset: str = "tiny", dat
     return out / "REPORT.md"
 
 
-STAGE_SECONDS = {"vit": 150.0, "pretrain": 868.0, "sft": 98.0, "rl": 24.0, "eval": 20.0, "demo": 6.0, "report": 0.1}
-"""Each stage's wall time in seconds in a default run (seed 0 on the 2-core AMD EPYC Zen 5 of docs/RESULTS.md,
-16.9 min), the weights of the run's progress line: counted as six equal stages, the line told a user that 72
-minutes were left when pre-training ended after 14, with 2.5 to go. Measured with the `tiny` preset; another
-preset's run is weighted alike (pre-training most of it there too), so its time left is a rougher guide."""
+STAGE_SECONDS = {"vit": 141.0, "pretrain": 877.0, "sft": 93.0, "rl": 26.0, "eval": 29.0, "demo": 7.0, "report": 0.1}
+"""Each stage's wall time in seconds in a default run (seed 0 of `runs/qs19` on the 2-core AMD EPYC Zen 5 of
+docs/RESULTS.md, 19.6 min), the weights of the run's progress line: counted as equal stages (six then), the line
+told a user that 72 minutes were left when pre-training ended after 14, with 2.5 to go. Measured with the `tiny`
+preset; another preset's run is weighted alike (pre-training most of it there too), so its time left is a rougher
+guide."""
 
 
 def stage_shares(scale: float, eval_items: int) -> dict[str, int]:

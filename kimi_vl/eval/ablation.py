@@ -31,8 +31,9 @@ ABLATION_SEEDS = 8
 deviation `sd`. On `runs/qs14`'s seed-0 SFT checkpoint, with the proxies' `ABLATION_PROXY_ITEMS`, that SD measured
 1.2-1.4 points on the MathVista proxy and 0.9-1.0 on the MMLU-Pro proxy (8 and 20 seeds), so 8 seeds give about
 1 point and keep 2 up to an SD of 2.4; on `runs/qs15`'s three checkpoints the SDs were 0.6-1.1 and 0.3-0.8 (half-widths
-0.3-0.9). 8 seeds took 8 min 23 s - 8 min 55 s on 2 Zen 5 cores; the slowest 2-core machine measured runs the
-ablation about 2.7x slower, some 23 min, inside the 30 minutes allowed (docs/RESULTS.md). At the earlier RL,
+0.3-0.9), on `runs/qs19`'s (the model counts) 0.9-1.3 and 0.7-1.0 (half-widths 0.6-1.1). 8 seeds took 8 min 23 s -
+9 min 32 s on 2 Zen 5 cores; the slowest 2-core machine measured runs the ablation about 2.7x slower, some 26 min,
+inside the 30 minutes allowed (docs/RESULTS.md). At the earlier RL,
 lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text delta 2.5 wide."""
 ABLATION_PROXY_ITEMS = {"mmlu_pro_synth": MMLU_PRO_SYNTH_SIZE, "mathvista_synth": 400}
 """Items of each proxy the ablation evaluates on (their first ones are the quickstart's pinned items). On the
