@@ -79,8 +79,8 @@ def _ablate(args: argparse.Namespace) -> None:
 
 
 STAGE_HELP = {
-    "vit": "ViT training: the vision tower alone on the synthetic world's labelled images (counting scenes, bar "
-           "charts); writes a MoonViT checkpoint for pretrain's --vision-tower",
+    "vit": "ViT training: the vision tower alone on the synthetic world's labelled images (counts, shapes' and "
+           "pages' colours, bar charts); writes a MoonViT checkpoint for pretrain's --vision-tower",
     "pretrain": "joint text-vision pre-training: on the embedded data, or on --data (documents and chats; a BPE "
                 "tokenizer is trained on them unless --tokenizer); the vision tower from scratch or from "
                 "--vision-tower",

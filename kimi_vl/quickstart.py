@@ -30,6 +30,7 @@ from .model_card import model_card
 from .progress import progress_bar
 from .training.presets import get_preset
 from .training.stages import pretrain, read_summary, rl, sft, vit
+from .training.vit import VIT_TARGETS
 
 STAGES = ("vit", "pretrain", "sft", "rl", "eval", "demo", "report")
 TRAINING_STAGES = ("vit", "pretrain", "sft", "rl")
@@ -393,8 +394,6 @@ def vit_lines(summary: dict[str, Any], seconds: float) -> list[str]:
     for runs without the stage)."""
     if not summary:
         return []
-    from .training.vit import VIT_TARGETS
-
     chance = {f"{task}.{t.name}": t.chance for task, targets in VIT_TARGETS.items() for t in targets}
     accuracy = summary.get("val_accuracy") or {}
     parts = [f"{name} {100 * acc:.1f}%" + (f" (chance {100 * chance[name]:.0f}%)" if chance.get(name) else "")

@@ -80,8 +80,8 @@ class DataConfig:
         drill_vision_tasks: (embedded data) weights of the image tasks during the drill (default: vision_tasks); video
             tasks may be named too (e.g. page_color=2).
         drill_vision_ratio: (embedded data) vision ratio during the drill (default: vision_ratio).
-        vit_tasks: weights of the world's image tasks the ViT stage reads labels off (`kimi_vl.training.vit`:
-            count, chart_bar), e.g. count=20,chart_bar=12.
+        vit_tasks: weights of the world's image tasks the ViT stage reads labels off (`kimi_vl.training.vit`'s
+            `VIT_TARGETS`: count, color, page_color, chart_bar), e.g. count=20,color=6,page_color=6.
         images_per_step: images per optimizer step of the ViT stage (split between vit_tasks by weight).
     """
 

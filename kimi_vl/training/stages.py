@@ -187,10 +187,12 @@ ORIGIN = "origin.json"
 (of a pretrain run: its `vision_tower`)."""
 
 
-def _check_origin(out_dir: Path, from_dir: str | Path, flag: str = "--from") -> None:
-    """Record in `out_dir/state` that a fresh run starts from `from_dir`. A run that resumes there from training
+def _check_origin(out_dir: Path, from_dir: str | Path, flag: str = "--from") -> dict[str, Any]:
+    """Record in `out_dir/state` that a fresh run starts from `from_dir`, and return that record (`from`, the
+    folder resolved; `from_weights`), which the run's summary carries. A run that resumes there from training
     checkpoints started from another `--from` (`flag`) raises `ConfigError`: it would go on from their weights, not
     from `from_dir`'s, and its summary would name `from_dir`."""
+    origin = {"from": str(Path(from_dir).resolve()), "from_weights": weights_fingerprint(from_dir)}
     record = out_dir / "state" / ORIGIN
     if list_checkpoints(out_dir / "state"):
         was = json.loads(record.read_text()) if record.is_file() else None  # runs before it was recorded: unknown
@@ -200,11 +202,11 @@ def _check_origin(out_dir: Path, from_dir: str | Path, flag: str = "--from") -> 
                 f"training checkpoint, trained from that one, not from {from_dir}"
                 f"{_weights_changed(was['from'], from_dir)}. Resume it with {flag} "
                 f"{was['from']}, or write the new run to another --out (or delete {out_dir}).")
-        return
+        return origin
     if is_main_process():
         record.parent.mkdir(parents=True, exist_ok=True)
-        record.write_text(json.dumps({"from": str(Path(from_dir).resolve()),
-                                      "from_weights": weights_fingerprint(from_dir)}, indent=1))
+        record.write_text(json.dumps(origin, indent=1))
+    return origin
 
 
 def _finished(out_dir: Path, cfg: RunConfig, from_dir: str | Path | None = None) -> bool:
@@ -449,10 +451,10 @@ def pretrain(out_dir: str | Path, *, preset: str | None = None, seed: int | None
     processor = _processor_for(out_dir, cfg)
     torch.manual_seed(cfg.seed)
     model = build_model(get_preset(cfg.preset), processor)
+    origin = {}
     if tower is not None:
         load_vision_tower(model, tower)  # a resumed run then loads its checkpoint over it
-        _check_origin(out_dir, tower, "--vision-tower")
-    origin = {} if tower is None else {"from": str(Path(tower).resolve()), "from_weights": weights_fingerprint(tower)}
+        origin = _check_origin(out_dir, tower, "--vision-tower")
     return _train(cfg, model, processor, out_dir, origin)
 
 
@@ -464,9 +466,7 @@ def sft(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None,
     if _finished(out_dir, cfg, from_dir):
         return out_dir
     model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
-    _check_origin(out_dir, from_dir)
-    return _train(cfg, model, processor, out_dir, {"from": str(Path(from_dir).resolve()),
-                                                    "from_weights": weights_fingerprint(from_dir)})
+    return _train(cfg, model, processor, out_dir, _check_origin(out_dir, from_dir))
 
 
 RL_FAMILIES = {"text": tuple(t for t in TEXT_TASKS if t not in ("fact", "lookup")),
@@ -531,7 +531,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     if not data.sources:
         family_tasks(data.families)  # known families
     model, processor = load_checkpoint_dir(from_dir, cfg.train.progress)
-    _check_origin(out_dir, from_dir)
+    origin = _check_origin(out_dir, from_dir)
     prompts = rl_prompts(data, cfg.seed, processor)
     if prompts is None:
         source = lambda index: (world_prompts(data.families, data.prompts_per_family, cfg.seed, index), [])  # noqa: E731
@@ -554,8 +554,7 @@ def rl(from_dir: str | Path, out_dir: str | Path, *, preset: str | None = None, 
     plot_rl_metrics(metrics, out_dir / "plots", title=f"RL ({label})")
     first, last = metrics[: max(1, len(metrics) // 5)], metrics[-max(1, len(metrics) // 5):]
     return _finish("rl", trainer.accelerator.unwrap_model(trainer.model), weights, processor, out_dir, {
-        "preset": cfg.preset, "seed": cfg.seed, "from": str(Path(from_dir).resolve()),
-        "from_weights": weights_fingerprint(from_dir),
+        "preset": cfg.preset, "seed": cfg.seed, **origin,
         "families": list(data.families) if prompts is None else None, "data": data.sources or "embedded",
         "steps": cfg.train.steps, "algorithm": cfg.rl.algorithm, "k": cfg.rl.k,
         "prompts_per_step": (data.prompts_per_family * len(data.families) if prompts is None

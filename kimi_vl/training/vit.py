@@ -163,20 +163,27 @@ def vit_samples(tasks: Mapping[str, float], images: int, seed: int, step: int, s
     return out
 
 
+def _logits(model: nn.Module, processor: MoonViTImageProcessor, items: Sequence[tuple[str, Sample]],
+            device: torch.device | str) -> tuple[list[list[torch.Tensor]], int]:
+    """`model`'s logits for each `(task, sample)` of `items` (one `[classes]` vector per target), and the patches
+    read."""
+    inputs = processor([vit_image(s) for _, s in items], return_tensors="pt")
+    logits = model(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), [t for t, _ in items])
+    return logits, int(inputs["image_grid_thw"].prod(-1).sum())
+
+
 def vit_loss(model: nn.Module, processor: MoonViTImageProcessor, items: Sequence[tuple[str, Sample]],
              device: torch.device | str = "cpu") -> tuple[torch.Tensor, int]:
     """The mean over `items` of each image's mean cross-entropy over its task's targets, and the patches read."""
-    inputs = processor([vit_image(s) for _, s in items], return_tensors="pt")
-    logits = model(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), [t for t, _ in items])
+    logits, patches = _logits(model, processor, items, device)
     losses = []
     for (task, sample), image_logits in zip(items, logits):
         labels = [target.label(sample) for target in VIT_TARGETS[task]]
         losses.append(torch.stack([nn.functional.cross_entropy(x, torch.tensor(y, device=x.device))
                                    for x, y in zip(image_logits, labels)]).mean())
-    return torch.stack(losses).mean(), int(inputs["image_grid_thw"].prod(-1).sum())
+    return torch.stack(losses).mean(), patches
 
 
-@torch.no_grad()
 @torch.no_grad()
 def vit_accuracy(model: ViTClassifier, processor: MoonViTImageProcessor, tasks: Sequence[str], n: int = 300,
                  seed: int = 0, batch: int = 50) -> dict[str, float]:
@@ -190,8 +197,7 @@ def vit_accuracy(model: ViTClassifier, processor: MoonViTImageProcessor, tasks: 
         samples = [make_sample(task, sample_rng(seed, i, f"vit-val-{task}"), "val") for i in range(n)]
         for start in range(0, n, batch):
             chunk = samples[start:start + batch]
-            inputs = processor([vit_image(s) for s in chunk], return_tensors="pt")
-            logits = model(inputs["pixel_values"].to(device), inputs["image_grid_thw"].to(device), [task] * len(chunk))
+            logits, _ = _logits(model, processor, [(task, s) for s in chunk], device)
             for sample, image_logits in zip(chunk, logits):
                 for target, x in zip(VIT_TARGETS[task], image_logits):
                     key = f"{task}.{target.name}"
