@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(resumable: rerun to continue)")
     qs.add_argument("--out", default="runs/quickstart", help="output directory (default: runs/quickstart)")
     qs.add_argument("--preset", default="tiny",
-                    help="tiny (2 CPU cores, 19 min on a fast machine, more on slow ones) or small (one GPU)")
+                    help="tiny (2 CPU cores: 19 min on a fast machine, 56 on a slow one) or small (one GPU)")
     qs.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
     qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")
@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     vrl.add_argument("--seeds", type=int, default=ABLATION_SEEDS,
                      help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint, "
                      "with the proxies' default items, both deltas' 95%% half-widths are 0.6-1.1 points; about 9.5 min "
-                     "on 2 fast CPU cores, some 26 min on slow ones)")
+                     "on 2 fast CPU cores, some 35 min on slow ones)")
     vrl.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's)")
     vrl.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     vrl.add_argument("--limit", type=int, default=None, help="items per benchmark (default: all of a real benchmark; "

@@ -32,9 +32,10 @@ deviation `sd`. On `runs/qs14`'s seed-0 SFT checkpoint, with the proxies' `ABLAT
 1.2-1.4 points on the MathVista proxy and 0.9-1.0 on the MMLU-Pro proxy (8 and 20 seeds), so 8 seeds give about
 1 point and keep 2 up to an SD of 2.4; on `runs/qs15`'s three checkpoints the SDs were 0.6-1.1 and 0.3-0.8 (half-widths
 0.3-0.9), on `runs/qs19`'s (the model counts) 0.9-1.3 and 0.7-1.0 (half-widths 0.6-1.1). 8 seeds took 8 min 23 s -
-9 min 32 s on 2 Zen 5 cores; the slowest 2-core machine measured runs the ablation about 2.7x slower, some 26 min,
-inside the 30 minutes allowed (docs/RESULTS.md). At the earlier RL,
-lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text delta 2.5 wide."""
+9 min 32 s on 2 Zen 5 cores; on the slow family-25 machine of docs/RESULTS.md one seed took 5 min 37 s (the SFT
+checkpoint's evaluation 79 s, each seed's two arms 256 s), so the 8 take some 35 min there, past the 30 allowed.
+At the earlier RL, lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text
+delta 2.5 wide."""
 ABLATION_PROXY_ITEMS = {"mmlu_pro_synth": MMLU_PRO_SYNTH_SIZE, "mathvista_synth": 400}
 """Items of each proxy the ablation evaluates on (their first ones are the quickstart's pinned items). On the
 MathVista proxy's 100 pinned items the two arms' paired deltas spread by 3.6 points (SD over 20 seeds on `runs/qs14`),

@@ -6,8 +6,8 @@ triton (no CUDA) it sets the variable for the rest of the process and runs the k
 Otherwise (the usual case: ``import kimi_vl`` pulls in triton via torch._dynamo) the selected tests of this
 module run once, together, in a child pytest process started with the variable set, and each test here
 reports its own outcome from that run. Shapes are tiny: the interpreter is slow (2-3 minutes for the default
-selection, on one core), so ``tests/kernels/conftest.py`` starts the child as soon as collection ends and it runs
-beside the tests before this module; the first test here waits for it.
+selection, on one core), so ``tests/kernels/conftest.py`` starts the child as soon as collection ends and moves this
+module to the end of the session: the child runs beside every other test; the first test here waits for what is left.
 """
 
 from __future__ import annotations

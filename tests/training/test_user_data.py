@@ -154,6 +154,9 @@ def _interrupt_at(proc: subprocess.Popen, out: Path, lines: int, send: Any) -> N
     send()
 
 
+# slow: five runs of the CLI, 81 s on the slow 2-core machine; the default suite keeps a stop-and-resume on users'
+# data (`test_sigterm_to_the_whole_group_stops_with_a_checkpoint`) and a SIGKILL-and-rerun (the RL trainer's)
+@pytest.mark.slow
 def test_kills_and_ctrl_c_then_rerun_reproduce_the_uninterrupted_curve(data, tmp_path):
     """Killed with SIGKILL twice (during its set-up, then just after its step-2 checkpoint), then stopped with Ctrl-C
     (SIGINT to the whole process group, data-loader worker included: the step finishes, a checkpoint of it is
@@ -260,6 +263,9 @@ def _rank_pid(torchrun_pid: int, rank: int, deadline: float) -> int:
     raise AssertionError(f"no rank {rank} under pid {torchrun_pid}")
 
 
+# slow: torchrun three times, 86 s on the slow 2-core machine; the default suite keeps two ranks against one process
+# (`test_distributed.py`, the RL trainer's)
+@pytest.mark.slow
 def test_two_processes_train_on_the_same_global_batches(data, tmp_path):
     """`torchrun --nproc_per_node 2` (gloo, one micro-batch per rank) against one process accumulating two: the same
     documents and bad records at every step, the same losses up to float rounding; the two-process run is stopped
