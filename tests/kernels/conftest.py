@@ -7,18 +7,22 @@ from pathlib import Path
 
 import pytest
 
-CHILD_MODULES = ("test_kda_triton.py", "test_kda_triton_compile.py")
+INTERPRETED, COMPILED = "test_kda_triton.py", "test_kda_triton_compile.py"
+
+
+def _module(item: pytest.Item) -> str:
+    return Path(str(item.path)).name
 
 
 @pytest.hookimpl(trylast=True)  # after `-m` / `-k` deselection
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list[pytest.Item]) -> None:
     if config.option.collectonly:
         return
-    mine = [it for it in items if Path(str(it.path)).name == "test_kda_triton.py"]
+    mine = [it for it in items if _module(it) == INTERPRETED]
     if mine:
         mine[0].module.start_child(items, config)
-    compiles = [it for it in items if Path(str(it.path)).name == "test_kda_triton_compile.py"]
+    compiles = [it for it in items if _module(it) == COMPILED]
     if compiles:
         compiles[0].module.start_compiles(compiles, config)
     # a stable sort: every module keeps its order, the child-backed ones last
-    items.sort(key=lambda it: Path(str(it.path)).name in CHILD_MODULES)
+    items.sort(key=lambda it: _module(it) in (INTERPRETED, COMPILED))
