@@ -80,11 +80,13 @@ class VideoFrames:
 
 def short_source(text: str, limit: int = 80) -> str:
     """`text` (a media source: a path, a URL, a data URI) cut to about `limit` characters for an error message: a
-    longer one keeps its start and says how long it is."""
+    longer one keeps its start (a data URI's mime type) and its end (a path's file name) and says how long it is."""
     text = str(text)
     if len(text) <= limit:
         return text
-    return f"{text[:max(limit - 24, 8)]}... ({len(text):,} characters)"
+    kept = max(limit - 24, 8)
+    head = kept // 3
+    return f"{text[:head]}...{text[len(text) - (kept - head):]} ({len(text):,} characters)"
 
 
 def is_data_uri(src: Any) -> bool:

@@ -3,6 +3,7 @@
 Fixtures are generated here: images with Pillow, mp4 videos with PyAV (`av`).
 """
 
+import re
 import struct
 import zlib
 from fractions import Fraction
@@ -234,6 +235,20 @@ def test_truncated_image_names_file(tmp_path):
     with pytest.raises(InvalidMediaError, match=r"truncated\.png.*corrupt or truncated") as info:
         load_image(path)
     assert isinstance(info.value, KimiVLError)
+
+
+def test_an_error_on_a_deep_path_keeps_the_file_name(tmp_path):
+    """A path longer than the message's limit keeps its start and its file name (a cluster's dataset folders are
+    deep; a message that kept only the start named no file)."""
+    deep = tmp_path.joinpath(*["a_long_dataset_folder"] * 6)
+    deep.mkdir(parents=True)
+    bad = deep / "frame_000123.png"
+    bad.write_bytes(b"not an image")
+    with pytest.raises(InvalidMediaError) as info:
+        load_image(bad)
+    message = str(info.value)
+    assert message.startswith(f"image '{str(bad)[:18]}...")
+    assert re.search(r"a_long_dataset_folder/frame_000123\.png \([\d,]+ characters\)' cannot be read", message), message
 
 
 def test_corrupt_images_name_file(tmp_path):
