@@ -213,15 +213,8 @@ def test_add_remote_code_makes_a_saved_folder_self_contained_in_place(checkpoint
     assert json.loads(once["config.json"])["auto_map"]["AutoModelForImageTextToText"].startswith(ENTRY_MODULE)
     add_remote_code(model_dir)
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == once  # idempotent
-
-    body = """
-    from transformers import AutoModelForImageTextToText, AutoProcessor
-    model = AutoModelForImageTextToText.from_pretrained(MODEL, trust_remote_code=True).eval()
-    proc = AutoProcessor.from_pretrained(MODEL, trust_remote_code=True)
-    assert type(model).__module__.startswith("transformers_modules.") and type(proc).__module__ == type(model).__module__
-    """
-    got = run_script(body, tmp_path, block_kimi_vl=True, MODEL=model_dir, PNG=checkpoint["png"], MP4=checkpoint["mp4"])
-    assert_same(got, reference_outputs(checkpoint))
+    # that such a folder loads where kimi_vl cannot be imported, with the same outputs: every training stage ends
+    # with `add_remote_code`, and `test_stages.py::test_stage_outputs_load_without_kimi_vl` loads a stage's folder so
 
 
 def test_generated_modules_are_flat():

@@ -19,7 +19,7 @@ from kimi_vl.training.presets import get_preset
 from kimi_vl.training.rl import RLStep
 from kimi_vl.training.stages import build_model, build_processor, load_checkpoint_dir, read_summary, rl
 from kimi_vl.training.trainer import read_metrics
-from tests.training.launch import run, torchrun
+from tests.training.launch import finish, run, run_together, start, torchrun_command
 
 ROOT = Path(__file__).resolve().parents[2]
 RL_ARGS = ["--prompts-per-family", "2", "--k", "2", "--max-new-tokens", "6", "--no-progress"]
@@ -67,8 +67,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
     all-reduced expert loads (when padding counted, a sign step flipped at a near-tie on these prompts)."""
     one, two = tmp_path / "one", tmp_path / "two"
     args = ("--steps", "2")
-    run(_command(checkpoint, one, *args), _env())
-    torchrun(_command(checkpoint, two, *args), _env())
+    run_together(_command(checkpoint, one, *args), torchrun_command(_command(checkpoint, two, *args)), env=_env())
     a, b = read_metrics(one / "metrics.jsonl"), read_metrics(two / "metrics.jsonl")
     assert [m["step"] for m in a] == [m["step"] for m in b] == [1, 2]
     for x, y in zip(a, b):
@@ -81,7 +80,7 @@ def test_two_processes_equal_one_on_the_same_global_batch(checkpoint, tmp_path):
 def test_sigkill_then_rerun_reproduces_the_uninterrupted_run(checkpoint, tmp_path):
     reference, killed = tmp_path / "reference", tmp_path / "killed"
     args = ("--steps", "4", "--checkpoint-every", "1")
-    run(_command(checkpoint, reference, *args), _env())
+    uninterrupted = start(_command(checkpoint, reference, *args), _env())  # beside the killed run: it is independent
     proc = subprocess.Popen(_command(checkpoint, killed, *args), env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -90,6 +89,7 @@ def test_sigkill_then_rerun_reproduces_the_uninterrupted_run(checkpoint, tmp_pat
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (killed / "training_summary.json").exists()
+    finish(uninterrupted)
     run(_command(checkpoint, killed, *args), _env())
     assert _stable(killed) == _stable(reference)
     _assert_same_weights(killed, reference, atol=0)

@@ -3,6 +3,7 @@ checkpoint, and joint pre-training starting from that tower."""
 
 import json
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -130,8 +131,7 @@ def test_a_vision_tower_of_another_kind_or_shape_is_refused(vit_dir, tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "kimi_vl"}))
     with pytest.raises(CheckpointError, match="not a kimi_vl_moonvit tower"):
         load_vision_tower(model, tmp_path)
-    wide = tmp_path / "wide"
-    vit(wide, steps=1, images_per_step=2, progress=False, preset="tiny")
+    wide = shutil.copytree(vit_dir, tmp_path / "wide")  # a vit stage's folder, its tower swapped for a wider one
     from kimi_vl.vision import MoonViTConfig, MoonViTModel
 
     MoonViTModel(MoonViTConfig(**{**preset.vision, "hidden_size": 32, "intermediate_size": 64})).save_pretrained(wide)
