@@ -202,7 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(resumable: rerun to continue)")
     qs.add_argument("--out", default="runs/quickstart", help="output directory (default: runs/quickstart)")
     qs.add_argument("--preset", default="tiny",
-                    help="tiny (2 CPU cores: 19 min on a fast machine, 56 on a slow one) or small (one GPU)")
+                    help="tiny (2 CPU cores: 19 min on a fast machine, 27-56 on slower ones) or small (one GPU)")
     qs.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     qs.add_argument("--scale", type=float, default=1.0, help="multiply every stage's step count (e.g. 0.05: smoke)")
     qs.add_argument("--eval-limit", type=int, default=None, help="at most N items per benchmark")

@@ -213,8 +213,8 @@ def test_add_remote_code_makes_a_saved_folder_self_contained_in_place(checkpoint
     assert json.loads(once["config.json"])["auto_map"]["AutoModelForImageTextToText"].startswith(ENTRY_MODULE)
     add_remote_code(model_dir)
     assert {p.name: p.read_bytes() for p in model_dir.iterdir()} == once  # idempotent
-    # that such a folder loads where kimi_vl cannot be imported, with the same outputs: every training stage ends
-    # with `add_remote_code`, and `test_stages.py::test_stage_outputs_load_without_kimi_vl` loads a stage's folder so
+    # that such a folder loads where kimi_vl cannot be imported, with the same outputs, is tested on a stage's folder
+    # (`test_stages.py::test_stage_outputs_load_without_kimi_vl`): every training stage ends with `add_remote_code`
 
 
 def test_generated_modules_are_flat():

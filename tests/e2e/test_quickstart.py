@@ -258,7 +258,7 @@ def test_seed_figures_take_the_pinned_items_baselines(monkeypatch):
 
 @pytest.mark.slow
 def test_default_quickstart_meets_its_goals(tmp_path, monkeypatch):
-    """The default quickstart end to end (19 minutes on 2 fast cores, 56 on slow ones; `KIMI_VL_QUICKSTART_OUT=DIR`
+    """The default quickstart end to end (19 minutes on 2 fast cores, 27-56 on slower ones; `KIMI_VL_QUICKSTART_OUT=DIR`
     checks a finished run instead) meets issue 18's goals (`bench/quickstart_seeds.GOALS`, on this one run). The
     10-screencast video-to-website goal is `bench/video2web.py --n 10`; here the demo's one screencast."""
     import importlib
