@@ -234,7 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     vrl.add_argument("--seeds", type=int, default=ABLATION_SEEDS,
                      help=f"paired RL runs per arm (default {ABLATION_SEEDS}: on the tiny quickstart's SFT checkpoint, "
                      "with the proxies' default items, both deltas' 95%% half-widths are 0.6-1.1 points; about 9.5 min "
-                     "on 2 fast CPU cores, some 35 min on slow ones)")
+                     "on 2 fast CPU cores, 16-35 min on slower ones)")
     vrl.add_argument("--steps", type=int, default=None, help="RL steps per run (default: the preset's)")
     vrl.add_argument("--data-dir", default=None, help="local MMLU-Pro / MathVista files (default: synthetic proxies)")
     vrl.add_argument("--limit", type=int, default=None, help="items per benchmark (default: all of a real benchmark; "

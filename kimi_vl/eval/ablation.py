@@ -33,7 +33,8 @@ deviation `sd`. On `runs/qs14`'s seed-0 SFT checkpoint, with the proxies' `ABLAT
 1 point and keep 2 up to an SD of 2.4; on `runs/qs15`'s three checkpoints the SDs were 0.6-1.1 and 0.3-0.8 (half-widths
 0.3-0.9), on `runs/qs19`'s (the model counts) 0.9-1.3 and 0.7-1.0 (half-widths 0.6-1.1). 8 seeds took 8 min 23 s -
 9 min 32 s on 2 Zen 5 cores; on the slow family-25 machine of docs/RESULTS.md one seed took 5 min 37 s (the SFT
-checkpoint's evaluation 79 s, each seed's two arms 256 s), so the 8 take some 35 min there, past the 30 allowed.
+checkpoint's evaluation 79 s, each seed's two arms 256 s), so the 8 take some 35 min there, past the 30 allowed,
+and when its host was less loaded the 8 took 15 min 52 s (`runs/qs20`'s checkpoint, half-widths 0.5 and 1.1).
 At the earlier RL, lr 2e-4 on 4 prompts, RL broke the text skill on one run in ten and even 24 seeds left the text
 delta 2.5 wide."""
 ABLATION_PROXY_ITEMS = {"mmlu_pro_synth": MMLU_PRO_SYNTH_SIZE, "mathvista_synth": 400}
