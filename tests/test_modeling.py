@@ -1,6 +1,5 @@
 """The early-fusion model: media scattered into the shared sequence, batching, generation, round trip."""
 
-
 import pytest
 import torch
 

@@ -86,7 +86,7 @@ def short_source(text: str, limit: int = 80) -> str:
         return text
     kept = max(limit - 24, 8)
     head = kept // 3
-    return f"{text[:head]}...{text[len(text) - (kept - head):]} ({len(text):,} characters)"
+    return f"{text[:head]}...{text[head - kept:]} ({len(text):,} characters)"
 
 
 def is_data_uri(src: Any) -> bool:
